@@ -1,0 +1,1 @@
+"""pyengine: an embedded, single-process LLM inference engine."""

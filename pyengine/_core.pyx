@@ -1,0 +1,5 @@
+# cython: language_level=3
+# distutils: language = c++
+"""Thin, zero-copy Cython wrappers of the C++ core (csrc/)."""
+
+include "_kernels.pxi"
