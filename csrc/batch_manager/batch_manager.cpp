@@ -1,1 +1,248 @@
-// placeholder, filled in by the next commit
+#include "pyengine/batch_manager.h"
+
+#include <algorithm>
+#include <string>
+
+namespace pyengine {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+void clear_events(StepEvents& e) {
+  e.aborted.clear();
+  e.aborted_slots.clear();
+  e.paused.clear();
+  e.paused_slots.clear();
+  e.new_seated.clear();
+  e.new_seated_slots.clear();
+  e.output_request_ids.clear();
+  e.tokens.clear();
+  e.finished.clear();
+  e.finish_reasons.clear();
+}
+
+}  // namespace
+
+BatchManager::BatchManager(const BatchManagerConfig& config)
+    : config_(config),
+      kv_(config.num_blocks, config.tokens_per_block),
+      slots_(config.num_seq_slots > 0 ? config.num_seq_slots : config.max_batch_size),
+      capacity_(config.policy, slots_.num_slots(), config.enable_chunked_context),
+      micro_batch_(config.max_batch_size, config.max_num_tokens, config.enable_chunked_context,
+                   config.tokens_per_block) {
+  if (config.max_seq_len <= 0)
+    throw std::invalid_argument("max_seq_len must be positive, got " + str(config.max_seq_len));
+  resources_.add(std::make_unique<SeqSlotResourceManager>(slots_));
+  resources_.add(std::make_unique<KvCacheResourceManager>(kv_, config.tokens_per_block));
+
+  meta_.max_blocks_per_seq = kv_.blocks_for_tokens(config.max_seq_len);
+  const size_t T = config.max_num_tokens, B = config.max_batch_size;
+  meta_.input_ids.assign(T, 0);
+  meta_.positions.assign(T, 0);
+  meta_.slot_mapping.assign(T, 0);
+  meta_.query_start_loc.assign(B + 1, 0);
+  meta_.seq_lens.assign(B, 0);
+  meta_.seq_slots.assign(B, 0);
+  meta_.request_ids.assign(B, 0);
+  meta_.block_tables.assign(B * meta_.max_blocks_per_seq, 0);
+  meta_.logits_indices.assign(B, 0);
+  meta_.logits_slots.assign(B, 0);
+  meta_.logits_request_ids.assign(B, 0);
+}
+
+void BatchManager::add_request(RequestId id, const TokenId* prompt, int32_t prompt_len,
+                               int32_t max_new_tokens, TokenId end_id,
+                               const std::vector<TokenId>& stop_token_ids, int32_t min_new_tokens,
+                               double now) {
+  if (requests_.count(id)) throw std::invalid_argument("request_id " + str(id) + " is already in use");
+  if (prompt_len <= 0 || prompt == nullptr) throw std::invalid_argument("prompt is empty");
+  if (config_.vocab_size > 0)
+    for (int32_t i = 0; i < prompt_len; ++i)
+      if (prompt[i] < 0 || prompt[i] >= config_.vocab_size)
+        throw std::invalid_argument("prompt token id " + str(prompt[i]) + " at position " + str(i) +
+                                    " is outside the vocabulary [0, " + str(config_.vocab_size) + ")");
+  if (max_new_tokens < 1)
+    throw std::invalid_argument("max_tokens must be at least 1, got " + str(max_new_tokens));
+  if (min_new_tokens < 0 || min_new_tokens > max_new_tokens)
+    throw std::invalid_argument("min_tokens must be in [0, max_tokens=" + str(max_new_tokens) + "], got " +
+                                str(min_new_tokens));
+  const int64_t total = int64_t{prompt_len} + max_new_tokens;
+  if (total > config_.max_seq_len)
+    throw std::invalid_argument("prompt length " + str(prompt_len) + " + max_tokens " + str(max_new_tokens) +
+                                " = " + str(total) + " exceeds max_seq_len " + str(config_.max_seq_len));
+  if (kv_.blocks_for_tokens(static_cast<int32_t>(total)) > kv_.num_blocks())
+    throw std::invalid_argument("prompt length " + str(prompt_len) + " + max_tokens " + str(max_new_tokens) +
+                                " needs " + str(kv_.blocks_for_tokens(static_cast<int32_t>(total))) +
+                                " KV blocks; the pool has " + str(kv_.num_blocks()));
+  if (!config_.enable_chunked_context) {
+    // Without chunking a context runs in one forward; a paused request is recomputed with
+    // its generated tokens, so under max-utilization the longest context is total - 1.
+    const int64_t longest =
+        config_.policy == CapacitySchedulerPolicy::kMaxUtilization ? total - 1 : int64_t{prompt_len};
+    if (longest > config_.max_num_tokens)
+      throw std::invalid_argument("a context of " + str(longest) + " tokens exceeds max_num_tokens " +
+                                  str(config_.max_num_tokens) + " and chunked prefill is off");
+  }
+  auto req = std::make_unique<Request>(id, std::vector<TokenId>(prompt, prompt + prompt_len), max_new_tokens,
+                                       end_id, stop_token_ids, min_new_tokens, now);
+  waiting_.push_back(req.get());
+  requests_.emplace(id, std::move(req));
+}
+
+bool BatchManager::abort_request(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second->is_finished()) return false;
+  it->second->abort_requested = true;
+  abort_pending_ = true;
+  return true;
+}
+
+const Request& BatchManager::request(RequestId id) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) throw std::out_of_range("unknown request_id " + str(id));
+  return *it->second;
+}
+
+void BatchManager::remove_active(Request* r) {
+  active_.erase(std::remove(active_.begin(), active_.end(), r), active_.end());
+}
+
+void BatchManager::drop_aborted() {
+  if (!abort_pending_) return;
+  abort_pending_ = false;
+  std::vector<Request*> dropped;
+  for (auto& kv : requests_)
+    if (kv.second->abort_requested) dropped.push_back(kv.second.get());
+  std::sort(dropped.begin(), dropped.end(), [](const Request* a, const Request* b) { return a->id < b->id; });
+  for (Request* r : dropped) {
+    events_.aborted.push_back(r->id);
+    events_.aborted_slots.push_back(r->seq_slot);
+    resources_.free(*r);  // KV, then slot
+    remove_active(r);
+    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), r), waiting_.end());
+    requests_.erase(r->id);
+  }
+}
+
+const ForwardMetadata& BatchManager::schedule(double now) {
+  clear_events(events_);
+  drop_aborted();
+
+  CapacitySchedule cap = capacity_.schedule(active_, waiting_, kv_);
+  // Pause: free first, then requeue at the front (earliest started ends up first).
+  for (Request* r : cap.paused) {
+    events_.paused.push_back(r->id);
+    events_.paused_slots.push_back(r->seq_slot);
+    resources_.free(*r);
+    remove_active(r);
+    r->reset_for_recompute();
+  }
+  for (Request* r : cap.paused) waiting_.push_front(r);
+  for (Request* r : cap.admitted) {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r));
+    r->state = RequestState::kContextInProgress;
+    r->start_order = start_counter_++;
+    active_.push_back(r);
+  }
+
+  batch_ = micro_batch_.schedule(active_);
+  for (Request* r : batch_)
+    if (r->seq_slot < 0) events_.new_seated.push_back(r->id);
+  resources_.prepare(batch_);
+  for (RequestId id : events_.new_seated) events_.new_seated_slots.push_back(requests_.at(id)->seq_slot);
+  for (Request* r : batch_)
+    if (r->first_scheduled_time < 0) r->first_scheduled_time = now;
+  fill_metadata(batch_);
+  return meta_;
+}
+
+void BatchManager::fill_metadata(const std::vector<Request*>& batch) {
+  const int32_t tpb = kv_.tokens_per_block();
+  const int32_t mbps = meta_.max_blocks_per_seq;
+  int32_t nt = 0, nl = 0, ngen = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const Request* r = batch[s];
+    const int32_t start = r->context_pos;
+    const int32_t len = r->chunk_size;
+    const std::vector<BlockId>& table = kv_.block_table(r->id);
+    meta_.query_start_loc[s] = nt;
+    for (int32_t j = 0; j < len; ++j, ++nt) {
+      const int32_t pos = start + j;
+      meta_.input_ids[nt] = r->tokens[pos];
+      meta_.positions[nt] = pos;
+      meta_.slot_mapping[nt] = table[pos / tpb] * tpb + pos % tpb;
+    }
+    meta_.seq_lens[s] = start + len;
+    meta_.seq_slots[s] = r->seq_slot;
+    meta_.request_ids[s] = r->id;
+    std::copy(table.begin(), table.end(), meta_.block_tables.begin() + static_cast<std::ptrdiff_t>(s) * mbps);
+    if (r->in_generation()) ++ngen;
+    if (r->in_generation() || start + len == r->context_len) {
+      meta_.logits_indices[nl] = nt - 1;
+      meta_.logits_slots[nl] = r->seq_slot;
+      meta_.logits_request_ids[nl] = r->id;
+      ++nl;
+    }
+  }
+  meta_.query_start_loc[batch.size()] = nt;
+  meta_.num_tokens = nt;
+  meta_.num_seqs = static_cast<int32_t>(batch.size());
+  meta_.num_generation_seqs = ngen;
+  meta_.num_logits = nl;
+}
+
+void BatchManager::update(const TokenId* tokens, int32_t num_tokens, double now) {
+  if (num_tokens != meta_.num_logits)
+    throw std::invalid_argument("update() got " + str(num_tokens) + " tokens for " + str(meta_.num_logits) +
+                                " logits rows");
+  finished_.clear();
+  int32_t k = 0;
+  for (Request* r : batch_) {
+    r->context_pos += r->chunk_size;
+    if (r->in_context()) {
+      if (r->context_pos < r->context_len) continue;  // more chunks to go: no token yet
+      r->state = RequestState::kGenerationInProgress;
+    }
+    const TokenId t = tokens[k++];
+    const bool done = r->append_token(t, now);
+    events_.output_request_ids.push_back(r->id);
+    events_.tokens.push_back(t);
+    events_.finished.push_back(done ? 1 : 0);
+    events_.finish_reasons.push_back(static_cast<int32_t>(r->finish_reason));
+    if (done) finished_.push_back(r);
+  }
+  batch_.clear();
+}
+
+void BatchManager::free_finished() {
+  for (Request* r : finished_) {
+    resources_.free(*r);
+    remove_active(r);
+    requests_.erase(r->id);
+  }
+  finished_.clear();
+}
+
+void BatchManager::check_invariants() const {
+  kv_.check_invariants();
+  int32_t seated = 0;
+  for (const auto& kv : requests_) {
+    const Request& r = *kv.second;
+    if (r.is_finished() && std::find(finished_.begin(), finished_.end(), &r) == finished_.end())
+      throw std::logic_error("finished request " + str(r.id) + " was not retired");
+    if (r.seq_slot >= 0) {
+      ++seated;
+      if (slots_.slot_of(r.id) != r.seq_slot)
+        throw std::logic_error("request " + str(r.id) + " believes it holds slot " + str(r.seq_slot));
+    }
+    if (r.state == RequestState::kWaiting && (r.seq_slot >= 0 || kv_.has_sequence(r.id)))
+      throw std::logic_error("waiting request " + str(r.id) + " holds resources");
+  }
+  if (seated != slots_.num_slots() - slots_.num_free())
+    throw std::logic_error("slots held (" + str(slots_.num_slots() - slots_.num_free()) +
+                           ") differ from seated requests (" + str(seated) + ")");
+  if (kv_.num_sequences() > static_cast<int32_t>(active_.size()) + static_cast<int32_t>(finished_.size()))
+    throw std::logic_error("more block tables than active requests");
+}
+
+}  // namespace pyengine

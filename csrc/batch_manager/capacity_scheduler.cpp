@@ -1,1 +1,106 @@
-// placeholder, filled in by the next commit
+#include "pyengine/scheduler.h"
+
+#include <algorithm>
+#include <string>
+
+namespace pyengine {
+
+CapacityScheduler::CapacityScheduler(CapacitySchedulerPolicy policy, int32_t max_num_sequences,
+                                     bool enable_chunked_context)
+    : policy_(policy), max_num_sequences_(max_num_sequences), enable_chunked_context_(enable_chunked_context) {
+  if (max_num_sequences <= 0)
+    throw std::invalid_argument("max_num_sequences must be positive, got " +
+                                std::to_string(max_num_sequences));
+}
+
+int32_t CapacityScheduler::step_blocks_needed(const Request& r, const KvCacheManager& kv) const {
+  int32_t target;
+  if (r.in_generation()) {
+    target = r.context_pos + 1;
+  } else {
+    const int32_t rest = r.context_remaining();
+    target = r.context_pos + (enable_chunked_context_ ? std::min(rest, kv.tokens_per_block()) : rest);
+  }
+  return kv.blocks_needed(r.id, target);
+}
+
+int32_t CapacityScheduler::completion_blocks_needed(const Request& r, const KvCacheManager& kv) const {
+  return kv.blocks_needed(r.id, r.tokens_at_completion());
+}
+
+CapacitySchedule CapacityScheduler::schedule(const std::vector<Request*>& active,
+                                             const std::deque<Request*>& waiting,
+                                             const KvCacheManager& kv) const {
+  switch (policy_) {
+    case CapacitySchedulerPolicy::kGuaranteedNoEvict:
+      return schedule_no_evict(active, waiting, kv, /*admit=*/true);
+    case CapacitySchedulerPolicy::kStaticBatch:
+      return schedule_no_evict(active, waiting, kv, /*admit=*/active.empty());
+    case CapacitySchedulerPolicy::kMaxUtilization:
+      return schedule_max_utilization(active, waiting, kv);
+  }
+  throw std::logic_error("unknown capacity scheduler policy");
+}
+
+CapacitySchedule CapacityScheduler::schedule_no_evict(const std::vector<Request*>& active,
+                                                      const std::deque<Request*>& waiting,
+                                                      const KvCacheManager& kv, bool admit) const {
+  CapacitySchedule out;
+  out.fitting = active;
+  // Blocks already promised to running requests are not available to newcomers.
+  int64_t available = kv.num_free_blocks();
+  for (const Request* r : active) available -= completion_blocks_needed(*r, kv);
+  if (!admit) return out;
+  for (Request* r : waiting) {
+    if (static_cast<int32_t>(out.fitting.size()) >= max_num_sequences_) break;
+    const int32_t need = completion_blocks_needed(*r, kv);
+    if (need > available) break;  // FCFS: nobody overtakes the head of the queue
+    available -= need;
+    out.fitting.push_back(r);
+    out.admitted.push_back(r);
+  }
+  return out;
+}
+
+CapacitySchedule CapacityScheduler::schedule_max_utilization(const std::vector<Request*>& active,
+                                                             const std::deque<Request*>& waiting,
+                                                             const KvCacheManager& kv) const {
+  CapacitySchedule out;
+  std::vector<Request*> kept = active;
+  int64_t available = kv.num_free_blocks();
+  size_t i = 0;
+  while (i < kept.size()) {
+    const int32_t need = step_blocks_needed(*kept[i], kv);
+    // Pause the most recently started requests until this one can make progress.
+    while (need > available && kept.size() - 1 > i) {
+      Request* victim = kept.back();
+      kept.pop_back();
+      available += kv.num_blocks_of(victim->id);
+      out.paused.push_back(victim);
+    }
+    if (need > available) {  // it is the most recent one left: pause it
+      available += kv.num_blocks_of(kept[i]->id);
+      out.paused.push_back(kept[i]);
+      kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    available -= need;
+    ++i;
+  }
+  out.fitting = kept;
+  // Admit only when nobody was paused this step, so a paused request is not re-admitted
+  // (and paused again) in the same step.
+  if (out.paused.empty()) {
+    for (Request* r : waiting) {
+      if (static_cast<int32_t>(out.fitting.size()) >= max_num_sequences_) break;
+      const int32_t need = step_blocks_needed(*r, kv);
+      if (need > available) break;
+      available -= need;
+      out.fitting.push_back(r);
+      out.admitted.push_back(r);
+    }
+  }
+  return out;
+}
+
+}  // namespace pyengine

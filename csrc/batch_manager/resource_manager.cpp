@@ -1,1 +1,62 @@
-// placeholder, filled in by the next commit
+#include "pyengine/resource_manager.h"
+
+#include <algorithm>
+
+namespace pyengine {
+
+void SeqSlotResourceManager::prepare(std::vector<Request*>& batch) {
+  for (Request* r : batch)
+    if (r->seq_slot < 0) r->seq_slot = slots_.acquire(r->id);
+}
+
+void SeqSlotResourceManager::free(Request& r) {
+  if (slots_.has_slot(r.id)) slots_.release(r.id);
+  r.seq_slot = -1;
+}
+
+void KvCacheResourceManager::prepare(std::vector<Request*>& batch) {
+  // Generation rows first: the capacity scheduler guaranteed their block.
+  for (Request* r : batch) {
+    if (!r->in_generation()) continue;
+    if (!kv_.has_sequence(r->id)) kv_.add_sequence(r->id);
+    kv_.add_tokens(r->id, r->context_pos + 1);
+  }
+  // Context chunks: each may take what is free minus the minimal progress (one chunk unit)
+  // of the context requests after it, so an early chunk never starves a later one.
+  std::vector<int32_t> min_need_after(batch.size() + 1, 0);
+  for (size_t i = batch.size(); i-- > 0;) {
+    const Request* r = batch[i];
+    int32_t need = 0;
+    if (!r->in_generation()) {
+      const int32_t min_chunk = std::min(r->chunk_size, chunk_unit_);
+      need = kv_.blocks_needed(r->id, r->context_pos + min_chunk);
+    }
+    min_need_after[i] = min_need_after[i + 1] + need;
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Request* r = batch[i];
+    if (r->in_generation()) continue;
+    if (!kv_.has_sequence(r->id)) kv_.add_sequence(r->id);
+    const int32_t available = kv_.num_free_blocks() - min_need_after[i + 1];
+    const int32_t fit = (kv_.num_blocks_of(r->id) + std::max(available, 0)) * kv_.tokens_per_block() -
+                        r->context_pos;
+    if (r->chunk_size > fit) r->chunk_size = fit / chunk_unit_ * chunk_unit_;  // shrink, whole units
+    if (r->chunk_size > 0) kv_.add_tokens(r->id, r->context_pos + r->chunk_size);
+  }
+  batch.erase(std::remove_if(batch.begin(), batch.end(), [](const Request* r) { return r->chunk_size == 0; }),
+              batch.end());
+}
+
+void KvCacheResourceManager::free(Request& r) {
+  if (kv_.has_sequence(r.id)) kv_.remove_sequence(r.id);
+}
+
+void ResourceManager::prepare(std::vector<Request*>& batch) {
+  for (auto& m : managers_) m->prepare(batch);
+}
+
+void ResourceManager::free(Request& request) {
+  for (auto it = managers_.rbegin(); it != managers_.rend(); ++it) (*it)->free(request);
+}
+
+}  // namespace pyengine

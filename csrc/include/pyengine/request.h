@@ -1,0 +1,72 @@
+// A request's state inside the batch manager.
+#pragma once
+
+#include <vector>
+
+#include "pyengine/types.h"
+
+namespace pyengine {
+
+enum class RequestState : int32_t {
+  kWaiting = 0,                // queued: never started, or paused and waiting to be recomputed
+  kContextInProgress = 1,      // its context (prompt) is being computed, possibly over several chunks
+  kGenerationInProgress = 2,   // producing one token per step
+  kFinished = 3,
+};
+
+enum class FinishReason : int32_t {
+  kNone = 0,
+  kEndId = 1,      // sampled the end id ("stop")
+  kStopToken = 2,  // sampled one of the stop token ids ("stop")
+  kLength = 3,     // reached max_new_tokens ("length")
+  kAbort = 4,      // aborted by the caller ("abort")
+};
+
+struct Request {
+  Request(RequestId id, std::vector<TokenId> prompt, int32_t max_new_tokens, TokenId end_id,
+          std::vector<TokenId> stop_token_ids, int32_t min_new_tokens, double arrival_time);
+
+  RequestId id;
+  std::vector<TokenId> tokens;  // the prompt followed by every generated token
+  int32_t prompt_len;
+  int32_t max_new_tokens;
+  int32_t min_new_tokens;       // stop tokens are ignored before this many tokens
+  TokenId end_id;               // < 0: none
+  std::vector<TokenId> stop_token_ids;
+
+  RequestState state = RequestState::kWaiting;
+  // Tokens to compute in the current context phase: the prompt, or after a pause the prompt
+  // with the generated tokens appended (the request is recomputed).
+  int32_t context_len;
+  int32_t context_pos = 0;      // tokens whose KV is in the cache
+  int32_t chunk_size = 0;       // tokens this request computes in the current step
+  SlotId seq_slot = -1;
+  int32_t num_pauses = 0;
+  int64_t start_order = -1;     // admission counter value; larger = started more recently
+  bool abort_requested = false;
+
+  double arrival_time;
+  double first_scheduled_time = -1.0;
+  double first_token_time = -1.0;
+  double finish_time = -1.0;
+  FinishReason finish_reason = FinishReason::kNone;
+  TokenId stop_token = -1;      // the token that stopped it, for kEndId / kStopToken
+
+  int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
+  int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
+  bool is_finished() const { return state == RequestState::kFinished; }
+  bool in_context() const { return state == RequestState::kContextInProgress; }
+  bool in_generation() const { return state == RequestState::kGenerationInProgress; }
+  int32_t context_remaining() const { return context_len - context_pos; }
+  // Tokens whose KV the request holds when it completes (TensorRT-LLM's reservation).
+  int32_t tokens_at_completion() const { return prompt_len + max_new_tokens; }
+
+  // Puts a started request back to kWaiting to be recomputed from scratch with its
+  // generated tokens appended to the prompt. Resources must have been freed already.
+  void reset_for_recompute();
+  // Appends a sampled token and applies the stop conditions; returns true if it finished.
+  bool append_token(TokenId token, double now);
+  void finish(FinishReason reason, double now);
+};
+
+}  // namespace pyengine

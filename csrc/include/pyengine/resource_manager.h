@@ -1,0 +1,58 @@
+// Resource managers, prepared in order (slots, then KV: it needs the final batch shape)
+// and freed in reverse order (KV before slot), as the step contract requires.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "pyengine/kv_cache_manager.h"
+#include "pyengine/request.h"
+#include "pyengine/seq_slot_manager.h"
+
+namespace pyengine {
+
+class BaseResourceManager {
+ public:
+  virtual ~BaseResourceManager() = default;
+  virtual const char* name() const = 0;
+  // Gives the batch's requests what they need this step. May shrink context chunks (never
+  // grow them); a request whose chunk becomes 0 is removed from the batch.
+  virtual void prepare(std::vector<Request*>& batch) = 0;
+  // Takes back whatever the request holds (no-op for what it does not hold).
+  virtual void free(Request& request) = 0;
+};
+
+class SeqSlotResourceManager : public BaseResourceManager {
+ public:
+  explicit SeqSlotResourceManager(SeqSlotManager& slots) : slots_(slots) {}
+  const char* name() const override { return "seq_slots"; }
+  void prepare(std::vector<Request*>& batch) override;
+  void free(Request& request) override;
+
+ private:
+  SeqSlotManager& slots_;
+};
+
+class KvCacheResourceManager : public BaseResourceManager {
+ public:
+  KvCacheResourceManager(KvCacheManager& kv, int32_t chunk_unit) : kv_(kv), chunk_unit_(chunk_unit) {}
+  const char* name() const override { return "kv_cache"; }
+  void prepare(std::vector<Request*>& batch) override;
+  void free(Request& request) override;
+
+ private:
+  KvCacheManager& kv_;
+  int32_t chunk_unit_;
+};
+
+class ResourceManager {
+ public:
+  void add(std::unique_ptr<BaseResourceManager> manager) { managers_.push_back(std::move(manager)); }
+  void prepare(std::vector<Request*>& batch);
+  void free(Request& request);
+
+ private:
+  std::vector<std::unique_ptr<BaseResourceManager>> managers_;
+};
+
+}  // namespace pyengine

@@ -1,0 +1,68 @@
+// Two-level scheduling, as in TensorRT-LLM: the capacity scheduler decides which requests
+// may hold resources (admission, pausing); the micro-batch scheduler decides what runs in
+// this step's forward and how long each context chunk is.
+#pragma once
+
+#include <deque>
+#include <vector>
+
+#include "pyengine/kv_cache_manager.h"
+#include "pyengine/request.h"
+
+namespace pyengine {
+
+struct CapacitySchedule {
+  std::vector<Request*> fitting;    // may hold resources this step, in start order
+  std::vector<Request*> admitted;   // the subset of `fitting` that comes from the queue
+  std::vector<Request*> paused;     // to pause: free their resources, requeue at the front
+};
+
+class CapacityScheduler {
+ public:
+  CapacityScheduler(CapacitySchedulerPolicy policy, int32_t max_num_sequences,
+                    bool enable_chunked_context);
+
+  // `active`: requests holding resources, in start order. `waiting`: the queue (front first).
+  CapacitySchedule schedule(const std::vector<Request*>& active, const std::deque<Request*>& waiting,
+                            const KvCacheManager& kv) const;
+
+  // Blocks `request` must be able to get for its next step to make progress: one more
+  // token in generation; the next chunk unit (or, without chunking, the whole rest) in context.
+  int32_t step_blocks_needed(const Request& request, const KvCacheManager& kv) const;
+  // Blocks still to be taken before the request completes (no-evict reservation).
+  int32_t completion_blocks_needed(const Request& request, const KvCacheManager& kv) const;
+
+  CapacitySchedulerPolicy policy() const { return policy_; }
+
+ private:
+  CapacitySchedule schedule_no_evict(const std::vector<Request*>& active,
+                                     const std::deque<Request*>& waiting, const KvCacheManager& kv,
+                                     bool admit) const;
+  CapacitySchedule schedule_max_utilization(const std::vector<Request*>& active,
+                                            const std::deque<Request*>& waiting,
+                                            const KvCacheManager& kv) const;
+
+  CapacitySchedulerPolicy policy_;
+  int32_t max_num_sequences_;
+  bool enable_chunked_context_;
+};
+
+class MicroBatchScheduler {
+ public:
+  // chunk_unit: every context chunk but a request's last is a multiple of it.
+  MicroBatchScheduler(int32_t max_batch_size, int32_t max_num_tokens, bool enable_chunked_context,
+                      int32_t chunk_unit);
+
+  // Picks this step's batch from the fitting requests and sets each one's chunk_size:
+  // generation requests first (one token each), then context requests in order, chunked to
+  // the remaining token budget. Returns the batch, generation requests first.
+  std::vector<Request*> schedule(const std::vector<Request*>& fitting) const;
+
+ private:
+  int32_t max_batch_size_;
+  int32_t max_num_tokens_;
+  bool enable_chunked_context_;
+  int32_t chunk_unit_;
+};
+
+}  // namespace pyengine

@@ -1,0 +1,635 @@
+"""Tiny real Hugging Face checkpoints, built offline.
+
+Used by the tests, the demo CLI and the benchmarks. Everything here is built locally:
+a byte-level BPE tokenizer trained with ``tokenizers`` on a small built-in corpus, and
+random-weight Llama-family models (``llama``, ``mistral``, ``qwen2``, ``qwen3``) saved
+with ``save_pretrained`` as safetensors, exactly as a downloaded checkpoint would be laid
+out (config.json, generation_config.json, model*.safetensors, tokenizer files).
+
+This module depends only on the standard library, torch, transformers and tokenizers, so
+that it can be used without the compiled engine.
+
+Logit margins
+-------------
+Random-weight models have nearly flat logits with the usual ``initializer_range=0.02``:
+two candidates for the greedy token are often within rounding noise of each other, so a
+correct engine can disagree with the reference for no real reason. The default here is
+``DEFAULT_INITIALIZER_RANGE`` (0.25), chosen by measurement (see ``logit_margins`` and
+bench/README.md): at that range the median gap between the two largest logits over
+greedily generated positions is several percent of the logit scale, orders of magnitude
+above fp32 noise, while attention still mixes many positions (the output depends on the
+whole prompt, not just the last token) and generations are not degenerate.
+
+Random models also start with all RMSNorm weights at 1 and all biases at 0, which would
+let a loader that forgets them pass every test. ``build_tiny_checkpoint`` therefore
+perturbs norm weights (1 + N(0, 0.1)) and gives biases (Qwen2's q/k/v) N(0, 0.1) values,
+unless ``perturb_norms_and_biases=False``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "CORPUS",
+    "DEFAULT_INITIALIZER_RANGE",
+    "MODEL_TYPES",
+    "SMOLLM_135M_SHAPE",
+    "TINY_SHAPES",
+    "BOS_TOKEN",
+    "EOS_TOKEN",
+    "UNK_TOKEN",
+    "PAD_TOKEN",
+    "build_tokenizer",
+    "build_tiny_checkpoint",
+    "cached_checkpoint",
+    "default_cache_root",
+    "llama3_rope_scaling",
+    "logit_margins",
+]
+
+#: Bump when the builder's output changes, so cached checkpoints are rebuilt.
+BUILDER_VERSION = 1
+
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+DEFAULT_INITIALIZER_RANGE = 0.25
+
+UNK_TOKEN = "<unk>"
+BOS_TOKEN = "<s>"
+EOS_TOKEN = "</s>"
+PAD_TOKEN = "<pad>"
+#: Special tokens in id order: <unk>=0, <s>=1, </s>=2, <pad>=3 (the Llama layout plus a pad).
+SPECIAL_TOKENS = (UNK_TOKEN, BOS_TOKEN, EOS_TOKEN, PAD_TOKEN)
+
+#: The benchmark model of bench/ (BENCH.md, "smollm-135m-shape"): 124.6 M parameters.
+#: The initializer range is LlamaConfig's default (0.02), as BENCH.md builds it; speed does
+#: not depend on it, and a 30-layer model stays well-scaled with it.
+SMOLLM_135M_SHAPE: dict[str, Any] = dict(
+    model_type="llama",
+    vocab_size=32000,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+    initializer_range=0.02,
+    dtype=torch.float32,
+    seed=0,
+)
+
+#: Small named shapes for tests (pass to build_tiny_checkpoint / cached_checkpoint).
+TINY_SHAPES: dict[str, dict[str, Any]] = {
+    "tiny-llama": dict(model_type="llama"),
+    "tiny-llama-tied": dict(model_type="llama", tie_word_embeddings=True),
+    "tiny-mistral": dict(model_type="mistral"),
+    "tiny-qwen2": dict(model_type="qwen2"),
+    "tiny-qwen3": dict(model_type="qwen3"),
+}
+
+# --------------------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------------------
+
+#: Built-in training corpus: original English paragraphs, some code and numbers, and
+#: multi-byte UTF-8 (Chinese, accented Latin, Greek, Cyrillic, emoji) so that byte-level
+#: merges across multi-byte characters exist.
+CORPUS = """\
+The lighthouse keeper wrote in his log every evening, even when nothing had happened.
+Wind from the north-west, moderate. Two fishing boats returned before dark. The lamp was
+cleaned and the wick trimmed. He believed that a record of quiet days was worth as much as
+a record of storms, because only the quiet days showed what ordinary looked like.
+
+A small inference engine does one thing over and over: it takes the requests that are
+waiting, decides which of them may run, reserves memory for their keys and values, runs
+the model once, picks the next token for each sequence, and hands the new tokens back to
+the application. Then it frees what finished requests held and starts again. The work is
+simple to describe and easy to get subtly wrong, which is why every step should be tested.
+
+When the bakery opened at six, the first customers were always the same: a nurse coming
+off the night shift, two students who had not slept, and an old man who bought one roll
+and read the newspaper standing at the counter. The baker knew their orders by heart and
+started wrapping bread as soon as the door bell rang.
+
+Rivers do not flow in straight lines. Water follows the easiest path, and small
+differences in the ground grow into wide bends over hundreds of years. Engineers who
+straighten a river often find that it floods more, not less, because the water now
+arrives downstream all at once instead of slowly.
+
+She planted tomatoes, beans, and a row of sunflowers along the fence. By August the
+sunflowers were taller than the shed, and the birds came every morning for the seeds.
+The beans climbed the strings she had tied, and the tomatoes split open after a heavy rain.
+
+def schedule(requests, max_tokens):
+    batch, used = [], 0
+    for request in requests:
+        if used + request.num_tokens > max_tokens:
+            break
+        batch.append(request)
+        used += request.num_tokens
+    return batch
+
+Numbers and units: 3.14159, 2.71828, 1,024 blocks of 16 tokens, 42 requests per second,
+100 km/h, 25 degrees, 0x7fff, 2024-06-01 12:30:45, $19.99, 50% off, version 1.2.3.
+
+Questions and answers. What is a block table? A list of block ids, in order, that hold a
+sequence's cached keys and values. Why sixteen tokens per block? Small enough to waste
+little memory, large enough to keep the tables short. Who frees the blocks? The cache
+manager, when the request finishes or is paused.
+
+今天天气很好，我们去公园散步吧。机器学习模型需要大量的数据和计算资源。
+这个推理引擎在中央处理器上运行，也可以在图形处理器上运行。你好，世界！谢谢你的帮助。
+Café, naïve, résumé, façade, jalapeño, Zürich, smörgåsbord, Ελληνικά, Привет, мир!
+Emoji: 😀 😃 🚀 🌍 🎉 👍 ❤️ 🔥 ✨ 🤖 — the robot 🤖 launched a rocket 🚀 around the world 🌍 🎉.
+"""
+
+
+def _train_tokenizer_object(vocab_size: int):
+    """Train the byte-level BPE ``tokenizers.Tokenizer`` (deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=1,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # Repeat the corpus so counts, not order, decide the merges; train from a list so
+    # no file I/O is involved.
+    lines = [line for line in CORPUS.splitlines() if line.strip()]
+    tok.train_from_iterator(lines * 2, trainer=trainer)
+    bos_id = tok.token_to_id(BOS_TOKEN)
+    # Like Llama: a BOS is prepended on encode (add_special_tokens=True), no EOS.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS_TOKEN} $A",
+        pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B",
+        special_tokens=[(BOS_TOKEN, bos_id)],
+    )
+    return tok
+
+
+def build_tokenizer(path: Path | str | None = None, vocab_size: int = 512):
+    """Train a byte-level BPE tokenizer on ``CORPUS`` and return it as a
+    ``transformers.PreTrainedTokenizerFast``; if ``path`` is given, ``save_pretrained``
+    it there.
+
+    Ids: ``<unk>``=0, ``<s>``=1 (BOS, prepended on encode), ``</s>``=2 (EOS), ``<pad>``=3.
+    Byte-level, so every string round-trips through encode/decode (the unknown token is
+    never produced). The vocabulary has at most ``vocab_size`` entries (fewer if the
+    corpus has too few distinct pairs). Deterministic: the same ``vocab_size`` always
+    gives the same tokenizer.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small for a byte-level tokenizer "
+            f"(needs at least {256 + len(SPECIAL_TOKENS)})"
+        )
+    tok = _train_tokenizer_object(vocab_size)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        pad_token=PAD_TOKEN,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=1 << 30,
+    )
+    if path is not None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        fast.save_pretrained(str(path))
+    return fast
+
+
+# --------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------
+
+
+def llama3_rope_scaling(
+    factor: float = 8.0,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+    original_max_position_embeddings: int = 256,
+) -> dict[str, Any]:
+    """A ``rope_scaling`` argument for ``build_tiny_checkpoint`` selecting Llama 3.1's
+    frequency-dependent RoPE scaling. (``original_max_position_embeddings`` must be less
+    than the model's ``max_position_embeddings``.)"""
+    return {
+        "rope_type": "llama3",
+        "factor": float(factor),
+        "low_freq_factor": float(low_freq_factor),
+        "high_freq_factor": float(high_freq_factor),
+        "original_max_position_embeddings": int(original_max_position_embeddings),
+    }
+
+
+def _to_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "half": torch.float16,
+    }
+    key = str(dtype).removeprefix("torch.")
+    if key not in names:
+        raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(set(names))}")
+    return names[key]
+
+
+def _make_config(
+    model_type: str,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int | None,
+    intermediate_size: int,
+    vocab_size: int,
+    tie_word_embeddings: bool,
+    max_position_embeddings: int,
+    rope_theta: float,
+    rope_scaling: dict[str, Any] | None,
+    initializer_range: float,
+    rms_norm_eps: float,
+    bos_token_id: int,
+    eos_token_id: int,
+    dtype: torch.dtype,
+):
+    import transformers
+
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type={model_type!r} is not supported; use one of {MODEL_TYPES}")
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}"
+        )
+    rope_parameters: dict[str, Any] = {"rope_type": "default", "rope_theta": float(rope_theta)}
+    if rope_scaling is not None:
+        rope_parameters = dict(rope_scaling)
+        if "type" in rope_parameters and "rope_type" not in rope_parameters:
+            rope_parameters["rope_type"] = rope_parameters.pop("type")
+        rope_parameters["rope_theta"] = float(rope_theta)
+        if rope_parameters.get("rope_type") == "llama3":
+            omax = rope_parameters.get("original_max_position_embeddings")
+            if omax is None or omax >= max_position_embeddings:
+                raise ValueError(
+                    "llama3 rope scaling needs original_max_position_embeddings < "
+                    f"max_position_embeddings={max_position_embeddings}, got {omax}"
+                )
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        hidden_act="silu",
+        max_position_embeddings=max_position_embeddings,
+        initializer_range=initializer_range,
+        rms_norm_eps=rms_norm_eps,
+        tie_word_embeddings=tie_word_embeddings,
+        rope_parameters=rope_parameters,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=None,
+        attention_dropout=0.0,
+        dtype=dtype,
+    )
+    default_head_dim = hidden_size // num_heads
+    if model_type == "llama":
+        cfg = transformers.LlamaConfig(
+            **common, head_dim=head_dim, attention_bias=False, mlp_bias=False
+        )
+    elif model_type == "mistral":
+        cfg = transformers.MistralConfig(**common, head_dim=head_dim, sliding_window=None)
+    elif model_type == "qwen2":
+        # Qwen2 has no head_dim field: it is always hidden_size // num_attention_heads.
+        if head_dim is not None and head_dim != default_head_dim:
+            raise ValueError(
+                f"qwen2 does not support head_dim={head_dim} != hidden_size // num_heads "
+                f"= {default_head_dim}"
+            )
+        cfg = transformers.Qwen2Config(**common, use_sliding_window=False)
+    else:  # qwen3
+        cfg = transformers.Qwen3Config(
+            **common,
+            head_dim=head_dim if head_dim is not None else default_head_dim,
+            attention_bias=False,
+            use_sliding_window=False,
+        )
+    if getattr(cfg, "head_dim", default_head_dim) % 2 != 0:
+        raise ValueError(f"head_dim={cfg.head_dim} must be even for RoPE")
+    return cfg
+
+
+@torch.no_grad()
+def _perturb_norms_and_biases(model: torch.nn.Module, std: float = 0.1) -> None:
+    """Give RMSNorm weights values around 1 and biases non-zero values, so that a loader
+    or kernel that ignores them cannot match the reference by accident. Runs under the
+    caller's seed (deterministic)."""
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight") or "layernorm" in name or "_norm" in name:
+            param.add_(torch.randn_like(param) * std)
+        elif name.endswith(".bias"):
+            param.copy_(torch.randn_like(param) * std)
+
+
+def _save_quietly(model, path: Path, save_kwargs: dict[str, Any]) -> None:
+    """save_pretrained without the shard-writing progress bar."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(path), **save_kwargs)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def build_tiny_checkpoint(
+    path: Path | str,
+    model_type: str = "llama",
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int | None = None,
+    intermediate_size: int = 128,
+    vocab_size: int = 512,
+    tie_word_embeddings: bool = False,
+    max_position_embeddings: int = 1024,
+    rope_theta: float = 10000.0,
+    rope_scaling: dict[str, Any] | None = None,
+    initializer_range: float = DEFAULT_INITIALIZER_RANGE,
+    rms_norm_eps: float = 1e-6,
+    perturb_norms_and_biases: bool = True,
+    dtype: torch.dtype | str = torch.float32,
+    seed: int = 0,
+    sharded: bool = False,
+    max_shard_size: int | str | None = None,
+    with_tokenizer: bool = True,
+    tokenizer_vocab_size: int | None = None,
+) -> Path:
+    """Build a random-weight ``model_type`` checkpoint (llama, mistral, qwen2, qwen3) into
+    ``path`` and return ``path``.
+
+    The Hugging Face ``*ForCausalLM`` is instantiated under ``torch.manual_seed(seed)``
+    (deterministic for a given torch version), cast to ``dtype`` and written with
+    ``save_pretrained(path, safe_serialization=True)``. ``sharded=True`` writes several
+    ``model-0000x-of-0000y.safetensors`` shards and ``model.safetensors.index.json``
+    (shard size ``max_shard_size``, by default a quarter of the model). ``rope_scaling``
+    takes e.g. ``llama3_rope_scaling(...)``; it lands in config.json's
+    ``rope_parameters`` together with ``rope_theta``. With ``with_tokenizer`` the tiny BPE
+    tokenizer is saved too (vocabulary ``tokenizer_vocab_size``, by default
+    ``min(vocab_size, 512)``; it may be smaller than the model's), and config's
+    ``bos_token_id``/``eos_token_id`` are the tokenizer's (1 and 2).
+    """
+    import transformers
+
+    path = Path(path)
+    dtype = _to_dtype(dtype)
+    tokenizer = None
+    if with_tokenizer:
+        tv = tokenizer_vocab_size if tokenizer_vocab_size is not None else min(vocab_size, 512)
+        if tv > vocab_size:
+            raise ValueError(
+                f"tokenizer_vocab_size={tv} is larger than the model's vocab_size={vocab_size}"
+            )
+        tokenizer = build_tokenizer(None, vocab_size=tv)
+        bos_id, eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    else:
+        bos_id, eos_id = SPECIAL_TOKENS.index(BOS_TOKEN), SPECIAL_TOKENS.index(EOS_TOKEN)
+    config = _make_config(
+        model_type,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate_size,
+        vocab_size=vocab_size,
+        tie_word_embeddings=tie_word_embeddings,
+        max_position_embeddings=max_position_embeddings,
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        initializer_range=initializer_range,
+        rms_norm_eps=rms_norm_eps,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        dtype=dtype,
+    )
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if perturb_norms_and_biases:
+        _perturb_norms_and_biases(model)
+    model = model.to(dtype).eval()
+    model.config.dtype = dtype
+
+    path.mkdir(parents=True, exist_ok=True)
+    save_kwargs: dict[str, Any] = {"safe_serialization": True}
+    if sharded:
+        if max_shard_size is None:
+            nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+            max_shard_size = max(nbytes // 4, 1024)
+        save_kwargs["max_shard_size"] = max_shard_size
+    _save_quietly(model, path, save_kwargs)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(path))
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# Cache
+# --------------------------------------------------------------------------------------
+
+_STAMP = ".pyengine-checkpoint.json"
+
+
+def default_cache_root() -> Path:
+    """``$PYENGINE_CHECKPOINT_CACHE`` if set, else ``~/.cache/pyengine/checkpoints``."""
+    env = os.environ.get("PYENGINE_CHECKPOINT_CACHE")
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "pyengine" / "checkpoints"
+
+
+def _stamp_for(builder_kwargs: dict[str, Any]) -> dict[str, Any]:
+    import tokenizers
+    import transformers
+
+    def norm(v: Any) -> Any:
+        if isinstance(v, torch.dtype):
+            return str(v)
+        if isinstance(v, dict):
+            return {k: norm(x) for k, x in sorted(v.items())}
+        if isinstance(v, (list, tuple)):
+            return [norm(x) for x in v]
+        if isinstance(v, Path):
+            return str(v)
+        return v
+
+    kwargs = norm(dict(builder_kwargs))
+    if "dtype" in builder_kwargs:
+        kwargs["dtype"] = str(_to_dtype(builder_kwargs["dtype"]))
+    return {
+        "builder_version": BUILDER_VERSION,
+        "kwargs": kwargs,
+        "torch": torch.__version__.split("+")[0],
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+    }
+
+
+def _read_stamp(d: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((d / _STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def cached_checkpoint(
+    name: str, builder_kwargs: dict[str, Any] | None = None, root: Path | str | None = None
+) -> Path:
+    """Return ``<root>/<name>`` (root: ``default_cache_root()``), building it with
+    ``build_tiny_checkpoint(**builder_kwargs)`` if it is missing or was built from other
+    arguments or library versions (recorded in a stamp file inside it).
+
+    The checkpoint is built in a temporary directory beside it and renamed into place,
+    so a half-written checkpoint is never reused; concurrent callers (e.g. test workers)
+    may both build, and the first rename wins.
+    """
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"invalid checkpoint name {name!r}")
+    builder_kwargs = dict(builder_kwargs or {})
+    if "path" in builder_kwargs:
+        raise ValueError("builder_kwargs must not contain 'path'")
+    root = Path(root) if root is not None else default_cache_root()
+    final = root / name
+    stamp = _stamp_for(builder_kwargs)
+    if _read_stamp(final) == stamp:
+        return final
+
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
+    try:
+        build_tiny_checkpoint(tmp, **builder_kwargs)
+        # The stamp is written last: a directory with a valid stamp is complete.
+        (tmp / _STAMP).write_text(json.dumps(stamp, indent=1, sort_keys=True))
+        if final.exists():
+            if _read_stamp(final) == stamp:  # another process finished first
+                shutil.rmtree(tmp, ignore_errors=True)
+                return final
+            stale = root / f".{name}.stale-{uuid.uuid4().hex}"
+            try:
+                os.rename(final, stale)
+            except FileNotFoundError:
+                pass
+            else:
+                shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            # Lost a race: someone else put a checkpoint in place meanwhile.
+            shutil.rmtree(tmp, ignore_errors=True)
+            if _read_stamp(final) != stamp:
+                raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+# --------------------------------------------------------------------------------------
+# Margins (how the default initializer range was chosen)
+# --------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def logit_margins(
+    model_dir: Path | str,
+    *,
+    num_prompts: int = 8,
+    prompt_len: int = 16,
+    new_tokens: int = 32,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Greedy-generate from random prompts with Hugging Face and measure, over the
+    generated positions, the gap between the two largest logits.
+
+    Returns the median absolute gap, the median gap relative to the largest absolute
+    logit (``median_rel_gap``), the fraction of positions whose relative gap is below
+    1e-3 (``frac_rel_gap_lt_1e-3``), and the fraction of distinct generated tokens
+    (``distinct_frac``; near 0 means a degenerate model that repeats one token).
+    """
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32
+    ).eval()
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    prompts = torch.randint(4, vocab, (num_prompts, prompt_len), generator=g)
+    out = model.generate(
+        prompts,
+        attention_mask=torch.ones_like(prompts),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    scores = torch.stack(out.scores, dim=1).float()  # [B, T, V]
+    top2 = scores.topk(2, dim=-1).values
+    gap = top2[..., 0] - top2[..., 1]
+    scale = scores.abs().amax(dim=-1)
+    rel = gap / scale
+    gen = out.sequences[:, prompt_len:]
+    distinct = sum(len(set(row.tolist())) for row in gen) / gen.numel()
+    return {
+        "median_gap": gap.median().item(),
+        "median_rel_gap": rel.median().item(),
+        "min_rel_gap": rel.min().item(),
+        "frac_rel_gap_lt_1e-3": (rel < 1e-3).float().mean().item(),
+        "logit_std": scores.std(dim=-1).mean().item(),
+        "distinct_frac": distinct,
+    }
+
+
+def _content_hash(path: Path | str) -> str:
+    """sha256 over the checkpoint's files (names and bytes), stamp excluded."""
+    h = hashlib.sha256()
+    path = Path(path)
+    for f in sorted(p for p in path.rglob("*") if p.is_file() and p.name != _STAMP):
+        h.update(str(f.relative_to(path)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()

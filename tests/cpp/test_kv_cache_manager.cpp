@@ -1,0 +1,64 @@
+#include "pyengine/kv_cache_manager.h"
+#include "test_harness.h"
+
+using namespace pyengine;
+
+TEST(blocks_come_from_a_fifo_free_list) {
+  KvCacheManager kv(8, 4);
+  CHECK_EQ(kv.num_free_blocks(), 8);
+  kv.add_sequence(1);
+  kv.add_tokens(1, 9);  // 9 tokens -> 3 blocks
+  CHECK_EQ(kv.block_table(1), (std::vector<BlockId>{0, 1, 2}));
+  kv.add_tokens(1, 11);  // still fits in 3 blocks
+  CHECK_EQ(kv.block_table(1).size(), size_t{3});
+  kv.add_sequence(2);
+  kv.add_tokens(2, 5);
+  CHECK_EQ(kv.block_table(2), (std::vector<BlockId>{3, 4}));
+  CHECK_EQ(kv.num_free_blocks(), 3);
+  CHECK_EQ(kv.num_used_blocks(), 5);
+  kv.remove_sequence(1);  // 0, 1, 2 go to the tail of the free list
+  CHECK_EQ(kv.num_free_blocks(), 6);
+  kv.add_sequence(3);
+  kv.add_tokens(3, 16);
+  CHECK_EQ(kv.block_table(3), (std::vector<BlockId>{5, 6, 7, 0}));
+  kv.check_invariants();
+  kv.remove_sequence(2);
+  kv.remove_sequence(3);
+  CHECK_EQ(kv.num_free_blocks(), 8);
+  kv.check_invariants();
+}
+
+TEST(blocks_needed_counts_only_missing_blocks) {
+  KvCacheManager kv(8, 4);
+  CHECK_EQ(kv.blocks_needed(7, 9), 3);  // no table yet
+  kv.add_sequence(7);
+  kv.add_tokens(7, 4);
+  CHECK_EQ(kv.blocks_needed(7, 4), 0);
+  CHECK_EQ(kv.blocks_needed(7, 5), 1);
+  CHECK_EQ(kv.blocks_for_tokens(0), 0);
+  CHECK_EQ(kv.blocks_for_tokens(4), 1);
+  CHECK_EQ(kv.blocks_for_tokens(5), 2);
+  kv.remove_sequence(7);
+}
+
+TEST(running_out_of_blocks_changes_nothing) {
+  KvCacheManager kv(2, 4);
+  kv.add_sequence(1);
+  kv.add_tokens(1, 4);
+  CHECK_THROWS(kv.add_tokens(1, 12), OutOfKvBlocksError, "needs 2 more KV blocks, 1 free");
+  CHECK_EQ(kv.block_table(1).size(), size_t{1});
+  CHECK_EQ(kv.num_free_blocks(), 1);
+  kv.check_invariants();
+}
+
+TEST(bad_arguments_are_named) {
+  CHECK_THROWS(KvCacheManager(0, 4), std::invalid_argument, "num_blocks");
+  CHECK_THROWS(KvCacheManager(4, 0), std::invalid_argument, "tokens_per_block");
+  KvCacheManager kv(2, 4);
+  kv.add_sequence(1);
+  CHECK_THROWS(kv.add_sequence(1), std::logic_error, "already has a block table");
+  CHECK_THROWS(kv.remove_sequence(2), std::logic_error, "request 2 has no block table");
+  CHECK_THROWS(kv.add_tokens(2, 1), std::logic_error, "request 2 has no block table");
+}
+
+TEST_MAIN()
