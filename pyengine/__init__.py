@@ -1,1 +1,17 @@
-"""pyengine: an embedded, single-process LLM inference engine."""
+"""pyengine: an embedded, single-process LLM inference engine.
+
+    from pyengine import Engine, SamplingParams
+    engine = Engine("path/to/hf-model")
+    rid = engine.add_request("Hello", SamplingParams(max_tokens=32))
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            ...
+"""
+
+from pyengine.config import KvCacheConfig, SchedulerConfig
+from pyengine.engine import Engine
+from pyengine.outputs import RequestMetrics, RequestOutput
+from pyengine.sampling_params import SamplingParams
+
+__all__ = ["Engine", "KvCacheConfig", "SchedulerConfig", "SamplingParams", "RequestOutput", "RequestMetrics"]
+__version__ = "0.1.0"

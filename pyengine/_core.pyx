@@ -2,4 +2,5 @@
 # distutils: language = c++
 """Thin, zero-copy Cython wrappers of the C++ core (csrc/)."""
 
+include "_batch_manager.pxi"
 include "_kernels.pxi"

@@ -97,6 +97,16 @@ bool BatchManager::abort_request(RequestId id) {
   return true;
 }
 
+bool BatchManager::remove_waiting(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second->state != RequestState::kWaiting || it->second->seq_slot >= 0 ||
+      kv_.has_sequence(id))
+    return false;
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), it->second.get()), waiting_.end());
+  requests_.erase(it);
+  return true;
+}
+
 const Request& BatchManager::request(RequestId id) const {
   auto it = requests_.find(id);
   if (it == requests_.end()) throw std::out_of_range("unknown request_id " + str(id));

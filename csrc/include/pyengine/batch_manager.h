@@ -81,6 +81,9 @@ class BatchManager {
   // Marks a request to be dropped at the next schedule(). Returns false if the id is
   // unknown (never added, or already finished and retired).
   bool abort_request(RequestId id);
+  // Removes a request that is still queued and holds nothing (undoing an add_request at
+  // once, without an output). Returns false if it is unknown or has started.
+  bool remove_waiting(RequestId id);
 
   const ForwardMetadata& schedule(double now);
   // `tokens`: one per logits row of the last schedule(). Throws std::invalid_argument if

@@ -1,0 +1,264 @@
+# Cython wrapper of pyengine::BatchManager (csrc/include/pyengine/batch_manager.h).
+# The forward metadata lives in C++ buffers allocated once; they are exposed as writable
+# memoryviews that the Python side wraps once with torch.frombuffer (zero copy).
+
+from libc.stdint cimport int32_t, int64_t, uint8_t
+from libcpp cimport bool as cbool
+from libcpp.vector cimport vector
+
+
+cdef extern from "pyengine/types.h" namespace "pyengine":
+    cpdef enum class CapacitySchedulerPolicy(int32_t):
+        kGuaranteedNoEvict
+        kMaxUtilization
+        kStaticBatch
+
+
+cdef extern from "pyengine/request.h" namespace "pyengine":
+    cdef cppclass CRequest "pyengine::Request":
+        int64_t id
+        vector[int32_t] tokens
+        int32_t prompt_len
+        int32_t context_pos
+        int32_t context_len
+        int32_t seq_slot
+        int32_t num_pauses
+        double arrival_time
+        double first_scheduled_time
+        double first_token_time
+        double finish_time
+        int32_t stop_token
+
+
+cdef extern from "pyengine/kv_cache_manager.h" namespace "pyengine":
+    cdef cppclass KvCacheManager:
+        int32_t num_blocks()
+        int32_t num_free_blocks()
+        int32_t num_used_blocks()
+        int32_t tokens_per_block()
+        const vector[int32_t]& block_table(int64_t) except +
+
+
+cdef extern from "pyengine/seq_slot_manager.h" namespace "pyengine":
+    cdef cppclass SeqSlotManager:
+        int32_t num_slots()
+        int32_t num_free()
+        void check_all_free() except +
+
+
+cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
+    cdef cppclass BatchManagerConfig:
+        int32_t max_batch_size
+        int32_t max_num_tokens
+        int32_t max_seq_len
+        int32_t tokens_per_block
+        int32_t num_blocks
+        int32_t num_seq_slots
+        cbool enable_chunked_context
+        CapacitySchedulerPolicy policy
+        int32_t vocab_size
+
+    cdef cppclass ForwardMetadata:
+        int32_t num_tokens
+        int32_t num_seqs
+        int32_t num_generation_seqs
+        int32_t num_logits
+        int32_t max_blocks_per_seq
+        vector[int32_t] input_ids, positions, slot_mapping
+        vector[int32_t] query_start_loc, seq_lens, seq_slots
+        vector[int64_t] request_ids
+        vector[int32_t] block_tables
+        vector[int32_t] logits_indices, logits_slots
+        vector[int64_t] logits_request_ids
+
+    cdef cppclass StepEvents:
+        vector[int64_t] aborted
+        vector[int32_t] aborted_slots
+        vector[int64_t] paused
+        vector[int32_t] paused_slots
+        vector[int64_t] new_seated
+        vector[int32_t] new_seated_slots
+        vector[int64_t] output_request_ids
+        vector[int32_t] tokens
+        vector[uint8_t] finished
+        vector[int32_t] finish_reasons
+
+    cdef cppclass BatchManager:
+        BatchManager(const BatchManagerConfig&) except +
+        void add_request(int64_t, const int32_t*, int32_t, int32_t, int32_t, const vector[int32_t]&,
+                         int32_t, double) except +
+        cbool abort_request(int64_t)
+        cbool remove_waiting(int64_t)
+        const ForwardMetadata& schedule(double) except +
+        void update(const int32_t*, int32_t, double) except +
+        void free_finished() except +
+        cbool has_unfinished()
+        int32_t num_requests()
+        int32_t num_waiting()
+        int32_t num_active()
+        cbool contains(int64_t)
+        const CRequest& request(int64_t) except +
+        const ForwardMetadata& metadata()
+        const StepEvents& events()
+        const KvCacheManager& kv_cache()
+        const SeqSlotManager& seq_slots()
+        void check_invariants() except +
+
+
+cdef object _i32_view(vector[int32_t]& v):
+    return <int32_t[:v.size()]> v.data()
+
+
+cdef object _i64_view(vector[int64_t]& v):
+    return <int64_t[:v.size()]> v.data()
+
+
+POLICIES = {
+    "guaranteed_no_evict": CapacitySchedulerPolicy.kGuaranteedNoEvict,
+    "max_utilization": CapacitySchedulerPolicy.kMaxUtilization,
+    "static_batch": CapacitySchedulerPolicy.kStaticBatch,
+}
+
+
+cdef class CoreBatchManager:
+    """The C++ batch manager. See csrc/include/pyengine/batch_manager.h for the contract."""
+
+    cdef BatchManager* bm
+    cdef readonly object buffers  # name -> memoryview over a C++ metadata buffer
+
+    def __cinit__(self, *, int max_batch_size, int max_num_tokens, int max_seq_len,
+                  int tokens_per_block, int num_blocks, int num_seq_slots=0,
+                  bint enable_chunked_context=True, str policy="guaranteed_no_evict",
+                  int vocab_size=0):
+        if policy not in POLICIES:
+            raise ValueError(f"capacity_scheduler_policy must be one of {sorted(POLICIES)}, got {policy!r}")
+        cdef BatchManagerConfig c
+        c.max_batch_size = max_batch_size
+        c.max_num_tokens = max_num_tokens
+        c.max_seq_len = max_seq_len
+        c.tokens_per_block = tokens_per_block
+        c.num_blocks = num_blocks
+        c.num_seq_slots = num_seq_slots
+        c.enable_chunked_context = enable_chunked_context
+        c.policy = <CapacitySchedulerPolicy> POLICIES[policy]
+        c.vocab_size = vocab_size
+        self.bm = new BatchManager(c)
+        cdef ForwardMetadata* m = <ForwardMetadata*> &self.bm.metadata()
+        self.buffers = {
+            "input_ids": _i32_view(m.input_ids),
+            "positions": _i32_view(m.positions),
+            "slot_mapping": _i32_view(m.slot_mapping),
+            "query_start_loc": _i32_view(m.query_start_loc),
+            "seq_lens": _i32_view(m.seq_lens),
+            "seq_slots": _i32_view(m.seq_slots),
+            "request_ids": _i64_view(m.request_ids),
+            "block_tables": _i32_view(m.block_tables),
+            "logits_indices": _i32_view(m.logits_indices),
+            "logits_slots": _i32_view(m.logits_slots),
+            "logits_request_ids": _i64_view(m.logits_request_ids),
+        }
+
+    def __dealloc__(self):
+        del self.bm
+
+    def add_request(self, int64_t request_id, const int32_t[::1] prompt, int max_new_tokens,
+                    int end_id=-1, stop_token_ids=(), int min_new_tokens=0, double now=0.0):
+        cdef vector[int32_t] stops = list(stop_token_ids)
+        cdef const int32_t* ptr = &prompt[0] if prompt.shape[0] > 0 else NULL
+        self.bm.add_request(request_id, ptr, prompt.shape[0], max_new_tokens, end_id, stops,
+                            min_new_tokens, now)
+
+    def abort_request(self, int64_t request_id) -> bool:
+        return self.bm.abort_request(request_id)
+
+    def remove_waiting(self, int64_t request_id) -> bool:
+        return self.bm.remove_waiting(request_id)
+
+    def update_from_ptr(self, size_t tokens_ptr, int num_tokens, double now):
+        """update() reading `num_tokens` int32 tokens at address `tokens_ptr` (a tensor's data_ptr())."""
+        self.bm.update(<const int32_t*> tokens_ptr, num_tokens, now)
+
+    def schedule(self, double now):
+        """Runs the scheduling half of a step; returns (num_tokens, num_seqs, num_logits)."""
+        cdef const ForwardMetadata* m = &self.bm.schedule(now)
+        return m.num_tokens, m.num_seqs, m.num_logits
+
+    def update(self, const int32_t[::1] tokens, double now):
+        cdef const int32_t* ptr = &tokens[0] if tokens.shape[0] > 0 else NULL
+        self.bm.update(ptr, tokens.shape[0], now)
+
+    def free_finished(self):
+        self.bm.free_finished()
+
+    def events(self) -> dict:
+        cdef const StepEvents* e = &self.bm.events()
+        return {
+            "aborted": e.aborted, "aborted_slots": e.aborted_slots,
+            "paused": e.paused, "paused_slots": e.paused_slots,
+            "new_seated": e.new_seated, "new_seated_slots": e.new_seated_slots,
+            "output_request_ids": e.output_request_ids, "tokens": e.tokens,
+            "finished": e.finished, "finish_reasons": e.finish_reasons,
+        }
+
+    def request_metrics(self, int64_t request_id) -> dict:
+        cdef const CRequest* r = &self.bm.request(request_id)
+        return {
+            "arrival_time": r.arrival_time,
+            "first_scheduled_time": r.first_scheduled_time,
+            "first_token_time": r.first_token_time,
+            "finish_time": r.finish_time,
+            "num_pauses": r.num_pauses,
+            "stop_token": r.stop_token,
+            "seq_slot": r.seq_slot,
+        }
+
+    def block_table(self, int64_t request_id) -> list:
+        return list(self.bm.kv_cache().block_table(request_id))
+
+    def contains(self, int64_t request_id) -> bool:
+        return self.bm.contains(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.bm.has_unfinished()
+
+    def check_invariants(self):
+        self.bm.check_invariants()
+
+    def check_all_slots_free(self):
+        self.bm.seq_slots().check_all_free()
+
+    @property
+    def num_generation_seqs(self) -> int:
+        return self.bm.metadata().num_generation_seqs
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return self.bm.metadata().max_blocks_per_seq
+
+    @property
+    def num_requests(self) -> int:
+        return self.bm.num_requests()
+
+    @property
+    def num_waiting(self) -> int:
+        return self.bm.num_waiting()
+
+    @property
+    def num_active(self) -> int:
+        return self.bm.num_active()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.bm.kv_cache().num_blocks()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.bm.kv_cache().num_free_blocks()
+
+    @property
+    def num_slots(self) -> int:
+        return self.bm.seq_slots().num_slots()
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.bm.seq_slots().num_free()

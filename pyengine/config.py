@@ -1,0 +1,64 @@
+"""User-facing configuration of the engine's KV cache and scheduler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CAPACITY_POLICIES = ("guaranteed_no_evict", "max_utilization", "static_batch")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class KvCacheConfig:
+    """The paged KV cache.
+
+    tokens_per_block: tokens in one KV block (the paging unit and the chunk unit).
+    max_tokens: capacity in tokens; None sizes the pool to `free_memory_fraction` of the
+        available memory, but never more than every seat needs at `max_seq_len`.
+    free_memory_fraction: share of the available memory the pool may take when
+        `max_tokens` is None.
+    dtype: storage dtype of K and V; "auto" follows the model's dtype.
+    """
+
+    tokens_per_block: int = 16
+    max_tokens: int | None = None
+    free_memory_fraction: float = 0.5
+    dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokens_per_block, int) or self.tokens_per_block < 1:
+            raise ValueError(f"tokens_per_block must be a positive int, got {self.tokens_per_block!r}")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be a positive int or None, got {self.max_tokens!r}")
+        if not 0.0 < self.free_memory_fraction <= 1.0:
+            raise ValueError(f"free_memory_fraction must be in (0, 1], got {self.free_memory_fraction!r}")
+        if self.dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"KV cache dtype must be one of {KV_CACHE_DTYPES}, got {self.dtype!r}")
+
+
+@dataclass
+class SchedulerConfig:
+    """Scheduling limits and policies.
+
+    max_batch_size: sequences in one forward (and sequence slots).
+    max_num_tokens: tokens in one forward (the token budget shared by prefill chunks and
+        decode rows).
+    enable_chunked_prefill: split long prompts into chunks (whole KV blocks but the last).
+    capacity_scheduler_policy: "guaranteed_no_evict" (reserve KV blocks to completion),
+        "max_utilization" (admit greedily, pause and recompute the latest request when
+        blocks run out) or "static_batch" (admit only when nothing runs).
+    """
+
+    max_batch_size: int = 64
+    max_num_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    capacity_scheduler_policy: str = "guaranteed_no_evict"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be a positive int, got {self.max_batch_size!r}")
+        if not isinstance(self.max_num_tokens, int) or self.max_num_tokens < 1:
+            raise ValueError(f"max_num_tokens must be a positive int, got {self.max_num_tokens!r}")
+        if self.capacity_scheduler_policy not in CAPACITY_POLICIES:
+            raise ValueError(f"capacity_scheduler_policy must be one of {CAPACITY_POLICIES}, "
+                             f"got {self.capacity_scheduler_policy!r}")

@@ -1,0 +1,48 @@
+"""The model runner: owns the KV pool tensor and turns the batch manager's metadata buffers
+into the model's inputs without copying them."""
+
+from __future__ import annotations
+
+import torch
+
+from pyengine._core import CoreBatchManager
+from pyengine.models import AttentionMetadata, LlamaFamilyModel
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaFamilyModel, bm: CoreBatchManager, max_batch_size: int,
+                 num_blocks: int, tokens_per_block: int, kv_dtype: torch.dtype) -> None:
+        c = model.config
+        self.model = model
+        # One tensor for the whole pool: [layers, K/V, blocks, kv heads, tokens per block, head dim].
+        self.kv_pool = torch.empty((c.num_layers, 2, num_blocks, c.num_kv_heads, tokens_per_block, c.head_dim),
+                                   dtype=kv_dtype)
+        self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(c.num_layers)]
+        b = bm.buffers
+
+        def view(name: str, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+            return torch.frombuffer(b[name], dtype=dtype)
+
+        self.input_ids = view("input_ids")
+        self.positions = view("positions")
+        self.slot_mapping = view("slot_mapping")
+        self.query_start_loc = view("query_start_loc")
+        self.seq_lens = view("seq_lens")
+        self.block_tables = view("block_tables").view(max_batch_size, bm.max_blocks_per_seq)
+        self.logits_indices = view("logits_indices")
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        return self.kv_pool.numel() * self.kv_pool.element_size()
+
+    @torch.inference_mode()
+    def forward(self, num_tokens: int, num_seqs: int, num_logits: int) -> torch.Tensor:
+        """Runs the scheduled batch; returns fp32 logits [num_logits, vocab]."""
+        meta = AttentionMetadata(
+            slot_mapping=self.slot_mapping[:num_tokens],
+            query_start_loc=self.query_start_loc[: num_seqs + 1],
+            seq_lens=self.seq_lens[:num_seqs],
+            block_tables=self.block_tables[:num_seqs],
+        )
+        return self.model.forward(self.input_ids[:num_tokens], self.positions[:num_tokens], meta,
+                                  self.kv_caches, self.logits_indices[:num_logits])

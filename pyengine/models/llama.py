@@ -1,0 +1,162 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over a flattened token batch.
+
+The layer code mirrors Hugging Face transformers' modules operation by operation (same
+dtype casts, same order of residual adds) so that fp32 outputs match it token for token.
+Attention goes through the C++ paged kernels; its metadata travels in `AttentionMetadata`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pyengine import kernels
+from pyengine.models.config import ModelConfig
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor      # [num_tokens] int32
+    query_start_loc: torch.Tensor   # [num_seqs + 1] int32
+    seq_lens: torch.Tensor          # [num_seqs] int32
+    block_tables: torch.Tensor      # [num_seqs, max_blocks_per_seq] int32
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim))
+    s = config.rope_scaling
+    if s is None:
+        return inv_freq
+    # Llama 3.1 frequency scaling: long wavelengths divided by `factor`, a smooth ramp between.
+    factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old_len = float(s.get("original_max_position_embeddings", config.max_position_embeddings))
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaFamilyModel:
+    """Weights plus a forward over [num_tokens] flattened inputs; returns fp32 logits of the
+    rows in `logits_indices`."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                 max_seq_len: int):
+        self.config = config
+        self.dtype = dtype
+        c = config
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.q_size, self.kv_size = q_size, kv_size
+
+        def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+            t = weights.pop(name)
+            if tuple(t.shape) != shape:
+                raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {shape} from config.json")
+            return t.contiguous()
+
+        self.embed = take("model.embed_tokens.weight", (c.vocab_size, c.hidden_size))
+        self.layers = []
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            layer = {
+                "input_norm": take(p + "input_layernorm.weight", (c.hidden_size,)),
+                "post_norm": take(p + "post_attention_layernorm.weight", (c.hidden_size,)),
+                # q, k, v fused into one matmul; gate and up likewise.
+                "qkv": torch.cat([take(p + "self_attn.q_proj.weight", (q_size, c.hidden_size)),
+                                  take(p + "self_attn.k_proj.weight", (kv_size, c.hidden_size)),
+                                  take(p + "self_attn.v_proj.weight", (kv_size, c.hidden_size))]),
+                "o": take(p + "self_attn.o_proj.weight", (c.hidden_size, q_size)),
+                "gate_up": torch.cat([take(p + "mlp.gate_proj.weight", (c.intermediate_size, c.hidden_size)),
+                                      take(p + "mlp.up_proj.weight", (c.intermediate_size, c.hidden_size))]),
+                "down": take(p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),
+                "qkv_bias": None, "q_norm": None, "k_norm": None,
+            }
+            if c.attention_bias:
+                layer["qkv_bias"] = torch.cat([take(p + "self_attn.q_proj.bias", (q_size,)),
+                                               take(p + "self_attn.k_proj.bias", (kv_size,)),
+                                               take(p + "self_attn.v_proj.bias", (kv_size,))])
+            if c.qk_norm:
+                layer["q_norm"] = take(p + "self_attn.q_norm.weight", (c.head_dim,))
+                layer["k_norm"] = take(p + "self_attn.k_norm.weight", (c.head_dim,))
+            self.layers.append(layer)
+        self.norm = take("model.norm.weight", (c.hidden_size,))
+        if c.tie_word_embeddings or "lm_head.weight" not in weights:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = take("lm_head.weight", (c.vocab_size, c.hidden_size))
+
+        positions = torch.arange(max_seq_len, dtype=torch.float32)
+        freqs = positions[:, None] * rope_inv_freq(c)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos().to(dtype)
+        self.sin = emb.sin().to(dtype)
+        self.scale = c.head_dim ** -0.5
+        self.sliding_window = c.sliding_window or 0
+
+    @staticmethod
+    def weight_names(config: ModelConfig) -> tuple[list[str], tuple[str, ...]]:
+        """(names to load, the subset that may be absent)."""
+        names = ["model.embed_tokens.weight", "model.norm.weight"]
+        for i in range(config.num_layers):
+            p = f"model.layers.{i}."
+            names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+            names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
+            names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+            if config.attention_bias:
+                names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+            if config.qk_norm:
+                names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        optional: tuple[str, ...] = ()
+        if not config.tie_word_embeddings:
+            names.append("lm_head.weight")
+        return names, optional
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_indices: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        T = input_ids.shape[0]
+        eps = c.rms_norm_eps
+        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
+        sin = self.sin[positions].unsqueeze(1)
+        h = F.embedding(input_ids, self.embed)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            residual = h
+            x = rms_norm(h, layer["input_norm"], eps)
+            qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])
+            q = qkv[:, : self.q_size].view(T, c.num_heads, c.head_dim)
+            k = qkv[:, self.q_size: self.q_size + self.kv_size].view(T, c.num_kv_heads, c.head_dim)
+            v = qkv[:, self.q_size + self.kv_size:].view(T, c.num_kv_heads, c.head_dim)
+            if layer["q_norm"] is not None:
+                q = rms_norm(q, layer["q_norm"], eps)
+                k = rms_norm(k, layer["k_norm"], eps)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            attn = kernels.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                                           meta.block_tables, self.scale, self.sliding_window)
+            h = residual + F.linear(attn.view(T, self.q_size), layer["o"])
+            residual = h
+            x = rms_norm(h, layer["post_norm"], eps)
+            gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
+            h = residual + F.linear(F.silu(gate) * up, layer["down"])
+        h = rms_norm(h[logits_indices], self.norm, eps)
+        return F.linear(h, self.lm_head).float()

@@ -1,0 +1,58 @@
+"""Reads weights from a local Hugging Face directory: single or sharded safetensors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+def checkpoint_files(model_dir: str | Path) -> dict[str, Path]:
+    """Maps each tensor name to the safetensors file that holds it."""
+    model_dir = Path(model_dir)
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ValueError(f"malformed {index}: {e!r}") from None
+        files = {name: model_dir / fname for name, fname in weight_map.items()}
+        for f in set(files.values()):
+            if not f.is_file():
+                raise FileNotFoundError(f"{index} names shard {f.name!r}, which does not exist")
+        return files
+    single = model_dir / SINGLE_FILE
+    if single.is_file():
+        with safe_open(str(single), framework="pt") as f:
+            return {name: single for name in f.keys()}
+    raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in model directory {str(model_dir)!r}")
+
+
+def load_tensors(model_dir: str | Path, names: list[str], dtype: torch.dtype,
+                 optional: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """Loads the named tensors converted to `dtype`. A missing required name raises ValueError."""
+    files = checkpoint_files(model_dir)
+    missing = [n for n in names if n not in files and n not in optional]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"checkpoint {str(model_dir)!r} is missing tensor {missing[0]!r}{more}")
+    by_file: dict[Path, list[str]] = {}
+    for n in names:
+        if n in files:
+            by_file.setdefault(files[n], []).append(n)
+    out: dict[str, torch.Tensor] = {}
+    for path, wanted in by_file.items():
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for n in wanted:
+                    out[n] = f.get_tensor(n).to(dtype)
+        except Exception as e:  # a corrupt file surfaces as one clear error
+            if isinstance(e, ValueError) and "missing tensor" in str(e):
+                raise
+            raise ValueError(f"cannot read {path}: {e}") from e
+    return out
