@@ -141,11 +141,13 @@ class Engine:
                 raise ValueError(f"a text prompt needs a tokenizer, and {str(self.model_dir)!r} has none; "
                                  "pass token ids")
             return list(self.tokenizer(prompt)["input_ids"])
-        if isinstance(prompt, (list, tuple)) or (isinstance(prompt, torch.Tensor) and prompt.dim() == 1):
-            ids = [int(t) for t in prompt]
-            if any(not isinstance(t, (int,)) and not isinstance(t, torch.Tensor) for t in prompt):
-                raise TypeError("prompt token ids must be ints")
-            return ids
+        if isinstance(prompt, torch.Tensor) and prompt.dim() == 1 and not prompt.is_floating_point():
+            return prompt.tolist()
+        if isinstance(prompt, (list, tuple)):
+            bad = next((t for t in prompt if not isinstance(t, int) or isinstance(t, bool)), None)
+            if bad is not None:
+                raise TypeError(f"prompt token ids must be ints, got {bad!r}")
+            return list(prompt)
         raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
@@ -169,7 +171,7 @@ class Engine:
         end_id = eos[0] if eos else -1
         stops = list(params.stop_token_ids) + eos[1:]
         self._bm.add_request(request_id, array.array("i", ids), params.max_tokens, end_id, stops,
-                             params.min_tokens, time.monotonic())
+                             0, time.monotonic())
         self._finished_ids.discard(request_id)
         self._requests[request_id] = _RequestState(
             prompt_token_ids=ids, params=params,

@@ -137,6 +137,7 @@ def _state_of(engine: Engine, rid: int) -> str:
     ([1] * 250, SamplingParams(max_tokens=10), ValueError, "250 \\+ max_tokens 10 = 260 exceeds max_seq_len 256"),
     ([1, 2], "greedy", TypeError, "params must be SamplingParams"),
     (3.5, None, TypeError, "prompt must be a str or a sequence of token ids"),
+    ([1, 2.5], None, TypeError, "prompt token ids must be ints, got 2.5"),
 ])
 def test_bad_requests_raise_before_any_state_change(llama_dir, prompt, params, error, match):
     engine = make_engine(llama_dir)
