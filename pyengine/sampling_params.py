@@ -10,7 +10,6 @@ class SamplingParams:
     """How a request decodes.
 
     max_tokens: tokens to generate at most (>= 1).
-    min_tokens: stop tokens (end id, stop_token_ids) are ignored before this many tokens.
     temperature: 0 decodes greedily (argmax). Sampling with temperature > 0 is not
         supported yet and is rejected.
     stop_token_ids: extra token ids that end the request (the token is kept in the output).
@@ -19,7 +18,6 @@ class SamplingParams:
     """
 
     max_tokens: int = 16
-    min_tokens: int = 0
     temperature: float = 0.0
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -34,9 +32,6 @@ class SamplingParams:
             raise TypeError(f"max_tokens must be an int, got {self.max_tokens!r}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
-                             f"got {self.min_tokens!r}")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
         if self.temperature != 0:

@@ -1,1 +1,232 @@
-// placeholder, filled in by the next commit
+// paged_attention front end: argument validation, work planning (query tiles x KV heads, split-K
+// for long contexts with few work items), scratch allocation and run-time ISA dispatch.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attention_common.h"
+#include "pyengine/kernels.h"
+
+namespace pyengine::kernels {
+
+namespace {
+
+using cpu::AttnParams;
+using cpu::CombineItem;
+using cpu::WorkItem;
+
+// Query rows (tokens x query heads of one KV head) per work item (Q tile + accumulator stay
+// within L1/L2).
+inline int32_t target_rows(int32_t head_dim) { return head_dim <= 64 ? 64 : 32; }
+// Smallest split-K piece, in KV tokens.
+constexpr int32_t kMinSplitTokens = 256;
+
+bool cpu_has_avx512() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has = [] {
+    // PYENGINE_DISABLE_AVX512=1 forces the baseline build (tests, debugging).
+    const char* off = std::getenv("PYENGINE_DISABLE_AVX512");
+    if (off != nullptr && off[0] != '\0' && off[0] != '0') return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+void fail(const std::string& msg) { throw std::invalid_argument(msg); }
+
+void check_dtype(DType dtype, const char* name) {
+  const auto v = static_cast<int32_t>(dtype);
+  if (v < 0 || v > 2) fail(std::string(name) + ": unknown DType value " + std::to_string(v));
+}
+
+struct Scratch {
+  std::vector<WorkItem> items;
+  std::vector<CombineItem> combines;
+  std::vector<float> thread;
+  std::vector<float> partials;
+};
+
+// Reused across calls by the calling thread: no allocation per layer once warmed up.
+Scratch& scratch() {
+  static thread_local Scratch s;
+  return s;
+}
+
+}  // namespace
+
+void paged_attention(void* out, int64_t out_row_stride, const void* query, int64_t query_row_stride,
+                     DType q_dtype, const void* k_cache, const void* v_cache, DType cache_dtype,
+                     const int32_t* query_start_loc, const int32_t* seq_lens,
+                     const int32_t* block_tables, int32_t num_seqs, int32_t max_blocks_per_seq,
+                     int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+                     int32_t tokens_per_block, float scale, int32_t sliding_window,
+                     int32_t num_threads) {
+  // ---- validation ----
+  check_dtype(q_dtype, "q_dtype");
+  check_dtype(cache_dtype, "cache_dtype");
+  if (num_seqs < 0) fail("num_seqs: must be >= 0");
+  if (max_blocks_per_seq <= 0) fail("max_blocks_per_seq: must be > 0");
+  if (num_heads <= 0) fail("num_heads: must be > 0");
+  if (num_kv_heads <= 0) fail("num_kv_heads: must be > 0");
+  if (num_heads % num_kv_heads != 0) fail("num_heads: must be a multiple of num_kv_heads");
+  if (head_dim <= 0) fail("head_dim: must be > 0");
+  if (tokens_per_block <= 0) fail("tokens_per_block: must be > 0");
+  if (sliding_window < 0) fail("sliding_window: must be >= 0 (0 disables it)");
+  if (!(scale == scale)) fail("scale: must not be NaN");
+  if (num_seqs == 0) return;
+  if (out == nullptr) fail("out: null pointer");
+  if (query == nullptr) fail("query: null pointer");
+  if (k_cache == nullptr) fail("k_cache: null pointer");
+  if (v_cache == nullptr) fail("v_cache: null pointer");
+  if (query_start_loc == nullptr) fail("query_start_loc: null pointer");
+  if (seq_lens == nullptr) fail("seq_lens: null pointer");
+  if (block_tables == nullptr) fail("block_tables: null pointer");
+  const int64_t row = static_cast<int64_t>(num_heads) * head_dim;
+  if (query_row_stride < row) fail("query_row_stride: must be >= num_heads * head_dim");
+  if (out_row_stride < row) fail("out_row_stride: must be >= num_heads * head_dim");
+
+  if (query_start_loc[0] < 0) fail("query_start_loc: must start at >= 0");
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    const int32_t q_len = query_start_loc[s + 1] - query_start_loc[s];
+    if (q_len < 0) fail("query_start_loc: must be non-decreasing");
+    const int32_t len = seq_lens[s];
+    if (len < q_len)
+      fail("seq_lens: seq_lens[" + std::to_string(s) + "] = " + std::to_string(len) +
+           " is smaller than its query length " + std::to_string(q_len));
+    if (q_len == 0) continue;
+    const int64_t nblocks = (static_cast<int64_t>(len) + tokens_per_block - 1) / tokens_per_block;
+    if (nblocks > max_blocks_per_seq)
+      fail("seq_lens: seq_lens[" + std::to_string(s) + "] = " + std::to_string(len) +
+           " needs more than max_blocks_per_seq blocks");
+    const int32_t* bt = block_tables + static_cast<int64_t>(s) * max_blocks_per_seq;
+    const int64_t first = sliding_window > 0
+                              ? std::max<int64_t>(0, len - q_len - sliding_window + 1) /
+                                    tokens_per_block
+                              : 0;
+    for (int64_t b = first; b < nblocks; ++b)
+      if (bt[b] < 0)
+        fail("block_tables: negative block id for sequence " + std::to_string(s) + ", block " +
+             std::to_string(b));
+  }
+
+  // ---- plan ----
+  const int32_t group = num_heads / num_kv_heads;
+  const int32_t tile_tokens = std::max<int32_t>(1, target_rows(head_dim) / group);
+  const int32_t max_rows = tile_tokens * group;
+  int32_t nt = num_threads > 0 ? num_threads : omp_get_max_threads();
+  if (nt < 1) nt = 1;
+
+  Scratch& sc = scratch();
+  auto& items = sc.items;
+  auto& combines = sc.combines;
+  items.clear();
+  combines.clear();
+  int64_t total_span = 0;
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    const int32_t q_len = query_start_loc[s + 1] - query_start_loc[s];
+    const int32_t base = seq_lens[s] - q_len;
+    for (int32_t q0 = 0; q0 < q_len; q0 += tile_tokens) {
+      const int32_t q1 = std::min(q_len, q0 + tile_tokens);
+      const int32_t hi = base + q1;  // last row's position + 1
+      const int32_t lo = sliding_window > 0 ? std::max(0, base + q0 - sliding_window + 1) : 0;
+      for (int32_t h = 0; h < num_kv_heads; ++h) items.push_back({s, h, q0, q1, lo, hi, -1});
+      total_span += static_cast<int64_t>(hi - lo) * num_kv_heads;
+    }
+  }
+  const int32_t num_base = static_cast<int32_t>(items.size());
+  if (num_base == 0) return;
+
+  // Split-K when there are too few items to keep the threads busy.
+  int32_t num_partials = 0;
+  if (nt > 1 && num_base < 4 * nt) {
+    int64_t chunk = std::max<int64_t>(kMinSplitTokens, (total_span + 4 * nt - 1) / (4 * nt));
+    chunk = (chunk + tokens_per_block - 1) / tokens_per_block * tokens_per_block;
+    std::vector<WorkItem> split;
+    split.reserve(items.size() * 4);
+    for (const WorkItem& it : items) {
+      const int64_t span = it.kv_hi - it.kv_lo;
+      if (span <= chunk + chunk / 2) {
+        split.push_back(it);
+        continue;
+      }
+      // block-aligned pieces
+      const int32_t first = num_partials;
+      int32_t start = it.kv_lo;
+      while (start < it.kv_hi) {
+        int64_t end = (static_cast<int64_t>(start) / tokens_per_block) * tokens_per_block + chunk;
+        if (end >= it.kv_hi || it.kv_hi - end < chunk / 2) end = it.kv_hi;
+        WorkItem piece = it;
+        piece.kv_lo = start;
+        piece.kv_hi = static_cast<int32_t>(end);
+        piece.partial = num_partials++;
+        split.push_back(piece);
+        start = static_cast<int32_t>(end);
+      }
+      combines.push_back({it.seq, it.kv_head, it.q0, it.q1, first, num_partials - first});
+    }
+    items.swap(split);
+  }
+  // Longest items first, so dynamic scheduling balances the tail.
+  if (items.size() > 1)
+    std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) {
+      return (int64_t{a.kv_hi} - a.kv_lo) * (a.q1 - a.q0) > (int64_t{b.kv_hi} - b.kv_lo) * (b.q1 - b.q0);
+    });
+  nt = std::min<int32_t>(nt, static_cast<int32_t>(items.size()));
+
+  const int64_t per_thread = cpu::attention_scratch_floats(max_rows, head_dim, tokens_per_block);
+  const int64_t per_partial = static_cast<int64_t>(max_rows) * (head_dim + 2);
+  if (static_cast<int64_t>(sc.thread.size()) < per_thread * nt + 16)
+    sc.thread.resize(per_thread * nt + 16);
+  if (static_cast<int64_t>(sc.partials.size()) < per_partial * num_partials)
+    sc.partials.resize(per_partial * num_partials);
+
+  AttnParams p{};
+  p.out = out;
+  p.out_row_stride = out_row_stride;
+  p.query = query;
+  p.query_row_stride = query_row_stride;
+  p.q_dtype = q_dtype;
+  p.k_cache = k_cache;
+  p.v_cache = v_cache;
+  p.cache_dtype = cache_dtype;
+  p.query_start_loc = query_start_loc;
+  p.seq_lens = seq_lens;
+  p.block_tables = block_tables;
+  p.max_blocks_per_seq = max_blocks_per_seq;
+  p.num_kv_heads = num_kv_heads;
+  p.group = group;
+  p.head_dim = head_dim;
+  p.tokens_per_block = tokens_per_block;
+  p.scale = scale;
+  p.sliding_window = sliding_window;
+  p.items = items.data();
+  p.num_items = static_cast<int32_t>(items.size());
+  p.combines = combines.data();
+  p.num_combines = static_cast<int32_t>(combines.size());
+  p.max_rows = max_rows;
+  // 64-byte align the first thread's slice
+  float* tbase = sc.thread.data();
+  while (reinterpret_cast<uintptr_t>(tbase) % 64 != 0) ++tbase;
+  p.thread_scratch = tbase;
+  p.thread_scratch_floats = per_thread;
+  p.partials = sc.partials.data();
+  p.partial_floats = per_partial;
+  p.num_threads = nt;
+
+  if (cpu_has_avx512())
+    cpu::attention_run_avx512(p);
+  else
+    cpu::attention_run_generic(p);
+}
+
+}  // namespace pyengine::kernels

@@ -1,0 +1,88 @@
+// Internal interface between the paged-attention front end (validation, work planning, ISA
+// dispatch: paged_attention.cpp) and the compute back ends (attention_impl.h, compiled once for
+// the baseline ISA and once for AVX-512).
+#pragma once
+
+#include <cstdint>
+
+#include "pyengine/kernels.h"
+
+namespace pyengine::kernels::cpu {
+
+// One unit of parallel work: the query rows [q0, q1) (relative to the sequence's first query
+// row) of sequence `seq`, for every query head of KV head `kv_head`, over the KV token range
+// [kv_lo, kv_hi) (already narrowed to what those rows can see). partial < 0: the item covers all
+// visible KV and writes `out` directly; otherwise it is one split-K piece and writes its
+// un-normalised accumulator, running max and running sum to partial slot `partial`.
+struct WorkItem {
+  int32_t seq;
+  int32_t kv_head;
+  int32_t q0, q1;
+  int32_t kv_lo, kv_hi;
+  int32_t partial;
+};
+
+// Merges the split-K pieces [first_partial, first_partial + num_partials) of one (seq, kv_head,
+// query tile) into `out`.
+struct CombineItem {
+  int32_t seq;
+  int32_t kv_head;
+  int32_t q0, q1;
+  int32_t first_partial;
+  int32_t num_partials;
+};
+
+struct AttnParams {
+  void* out;
+  int64_t out_row_stride;
+  const void* query;
+  int64_t query_row_stride;
+  DType q_dtype;
+  const void* k_cache;
+  const void* v_cache;
+  DType cache_dtype;
+  const int32_t* query_start_loc;
+  const int32_t* seq_lens;
+  const int32_t* block_tables;
+  int32_t max_blocks_per_seq;
+  int32_t num_kv_heads;
+  int32_t group;  // query heads per KV head
+  int32_t head_dim;
+  int32_t tokens_per_block;
+  float scale;
+  int32_t sliding_window;
+
+  // plan
+  const WorkItem* items;
+  int32_t num_items;
+  const CombineItem* combines;
+  int32_t num_combines;
+  int32_t max_rows;              // max query rows (tokens x group) of one item
+  float* thread_scratch;         // num_threads x thread_scratch_floats
+  int64_t thread_scratch_floats;
+  float* partials;               // num partial slots x partial_floats
+  int64_t partial_floats;        // max_rows * (head_dim + 2)
+  int32_t num_threads;
+};
+
+// Row stride (floats) of the per-thread score buffer: room for 16-wide stores starting anywhere
+// inside a block.
+inline int64_t attention_score_stride(int32_t tokens_per_block) {
+  return (static_cast<int64_t>(tokens_per_block) + 15) / 16 * 16 + 16;
+}
+
+// Floats of per-thread scratch the back ends need for a given shape.
+inline int64_t attention_scratch_floats(int32_t max_rows, int32_t head_dim,
+                                        int32_t tokens_per_block) {
+  const int64_t f = 2 * static_cast<int64_t>(max_rows) * head_dim  // Q, accumulator
+                    + 2 * static_cast<int64_t>(max_rows)           // running max / sum
+                    + max_rows * attention_score_stride(tokens_per_block)  // scores
+                    + 2 * static_cast<int64_t>(tokens_per_block) * head_dim  // K, V block fp32
+                    + (head_dim > 64 ? 16 * static_cast<int64_t>(head_dim) : 1024);  // AVX-512 staging
+  return (f + 15) / 16 * 16 + 16;  // keep each thread's slice 64-byte aligned, plus a gap
+}
+
+void attention_run_generic(const AttnParams& p);
+void attention_run_avx512(const AttnParams& p);
+
+}  // namespace pyengine::kernels::cpu

@@ -1,0 +1,220 @@
+"""Torch-facing CPU attention kernels: the paged KV store and paged attention.
+
+Both functions run once per layer per step, so the checks here are kept to cheap metadata
+reads (dtype, shape, strides); the C++ kernels validate the index tensors' contents
+(``query_start_loc``, ``seq_lens``, ``block_tables``) and raise ``ValueError`` naming the
+argument. Data pointers are handed to the C++ core (``pyengine._core``) without copies, and the
+kernels run without the GIL.
+
+Layouts (see ``csrc/include/pyengine/kernels.h``):
+
+* key / value / query / out: ``[num_tokens, num_heads, head_dim]``; the last two dims must be
+  contiguous, the row stride is free (a row view of a fused qkv projection is fine).
+* k_cache / v_cache: ``[num_blocks, num_kv_heads, tokens_per_block, head_dim]``, contiguous.
+* slot_mapping: int32 ``[num_tokens]``, ``block_id * tokens_per_block + offset``; ``< 0`` skips.
+* query_start_loc: int32 ``[num_seqs + 1]``; seq_lens: int32 ``[num_seqs]`` (KV length including
+  this step's rows); block_tables: int32 ``[num_seqs, max_blocks_per_seq]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import pyengine._core as _core
+
+__all__ = ["store_kv", "paged_attention", "DTYPE_CODES"]
+
+#: torch dtype -> C++ ``pyengine::kernels::DType`` value.
+DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+_INT32 = torch.int32
+
+
+def _code(t: torch.Tensor, name: str) -> int:
+    code = DTYPE_CODES.get(t.dtype)
+    if code is None:
+        raise ValueError(
+            f"{name}: dtype {t.dtype} is not supported (float32, bfloat16 or float16)"
+        )
+    if not t.is_cpu:
+        raise ValueError(f"{name}: must be a CPU tensor, got device {t.device}")
+    return code
+
+
+def _rows(t: torch.Tensor, name: str, heads: int, head_dim: int) -> int:
+    """Checks a ``[num_tokens, heads, head_dim]`` tensor whose last two dims are contiguous and
+    returns its row stride in elements."""
+    if t.dim() != 3:
+        raise ValueError(f"{name}: expected 3 dims [num_tokens, heads, head_dim], got {tuple(t.shape)}")
+    n, h, d = t.shape
+    if h != heads or d != head_dim:
+        raise ValueError(
+            f"{name}: expected shape [num_tokens, {heads}, {head_dim}], got {tuple(t.shape)}"
+        )
+    s0, s1, s2 = t.stride()
+    if (s2 != 1 and d > 1) or (s1 != d and h > 1):
+        raise ValueError(
+            f"{name}: the last two dims (heads, head_dim) must be contiguous, strides {t.stride()}"
+        )
+    return s0 if n > 1 else h * d
+
+
+def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
+    if k_cache.dim() != 4:
+        raise ValueError(
+            "k_cache: expected 4 dims [num_blocks, num_kv_heads, tokens_per_block, head_dim], "
+            f"got {tuple(k_cache.shape)}"
+        )
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"v_cache: shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}"
+        )
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache: dtype {v_cache.dtype} differs from k_cache {k_cache.dtype}")
+    if not k_cache.is_contiguous():
+        raise ValueError("k_cache: must be contiguous")
+    if not v_cache.is_contiguous():
+        raise ValueError("v_cache: must be contiguous")
+    code = _code(k_cache, "k_cache")
+    if not v_cache.is_cpu:
+        raise ValueError(f"v_cache: must be a CPU tensor, got device {v_cache.device}")
+    return code
+
+
+def _check_index(t: torch.Tensor, name: str, dims: int) -> None:
+    if t.dtype != _INT32:
+        raise ValueError(f"{name}: expected dtype torch.int32, got {t.dtype}")
+    if t.dim() != dims:
+        raise ValueError(f"{name}: expected {dims} dim(s), got shape {tuple(t.shape)}")
+    if not t.is_cpu:
+        raise ValueError(f"{name}: must be a CPU tensor, got device {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Writes this step's K/V rows into their paged-cache slots (converting dtype if needed).
+
+    Args:
+        key, value: ``[num_tokens, num_kv_heads, head_dim]`` float32/bfloat16/float16; only the
+            last two dims need to be contiguous.
+        k_cache, v_cache: ``[num_blocks, num_kv_heads, tokens_per_block, head_dim]`` contiguous,
+            float32/bfloat16/float16 (the cache dtype; rows are rounded to nearest even).
+        slot_mapping: int32 ``[num_tokens]``, ``block_id * tokens_per_block + offset`` per row;
+            a negative slot skips that row.
+
+    Raises:
+        ValueError: on a bad dtype, device, shape or layout (the message names the argument).
+    """
+    cache_code = _check_cache(k_cache, v_cache)
+    num_blocks, num_kv_heads, tokens_per_block, head_dim = k_cache.shape
+    src_code = _code(key, "key")
+    if value.dtype != key.dtype:
+        raise ValueError(f"value: dtype {value.dtype} differs from key {key.dtype}")
+    if not value.is_cpu:
+        raise ValueError(f"value: must be a CPU tensor, got device {value.device}")
+    k_stride = _rows(key, "key", num_kv_heads, head_dim)
+    v_stride = _rows(value, "value", num_kv_heads, head_dim)
+    num_tokens = key.shape[0]
+    if value.shape[0] != num_tokens:
+        raise ValueError(f"value: {value.shape[0]} rows, key has {num_tokens}")
+    _check_index(slot_mapping, "slot_mapping", 1)
+    if slot_mapping.shape[0] != num_tokens:
+        raise ValueError(f"slot_mapping: {slot_mapping.shape[0]} entries for {num_tokens} tokens")
+    if num_tokens == 0:
+        return
+    _core._store_kv(
+        key.data_ptr(), value.data_ptr(), k_stride, v_stride, src_code,
+        k_cache.data_ptr(), v_cache.data_ptr(), cache_code, slot_mapping.data_ptr(),
+        num_tokens, num_kv_heads, head_dim, tokens_per_block,
+    )
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    sliding_window: int = 0,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's query rows over its paged KV cache.
+
+    One call serves a batch mixing prefill chunks and decode rows: the query rows of sequence
+    ``i`` are ``query_start_loc[i] : query_start_loc[i + 1]`` and its row ``j`` sits at position
+    ``seq_lens[i] - q_len + j``; it attends to KV positions ``0 .. position`` (the cache must
+    already hold this step's K/V, see :func:`store_kv`). GQA/MQA: query head ``h`` reads KV head
+    ``h // (num_heads // num_kv_heads)``.
+
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]`` float32/bfloat16/float16; only the last two
+            dims need to be contiguous.
+        k_cache, v_cache: ``[num_blocks, num_kv_heads, tokens_per_block, head_dim]`` contiguous.
+        query_start_loc: int32 ``[num_seqs + 1]``, non-decreasing.
+        seq_lens: int32 ``[num_seqs]``.
+        block_tables: int32 ``[num_seqs, max_blocks_per_seq]`` contiguous.
+        scale: softmax scale applied to q.k (typically ``head_dim ** -0.5``).
+        sliding_window: if > 0, a query at position p only sees positions
+            ``p - sliding_window + 1 .. p``.
+        out: optional ``[num_tokens, num_heads, head_dim]`` output in query's dtype (last two
+            dims contiguous); allocated when not given.
+
+    Returns:
+        ``out``, ``[num_tokens, num_heads, head_dim]`` in query's dtype.
+
+    Raises:
+        ValueError: on a bad dtype, device, shape or layout, or inconsistent index tensors (the
+            message names the argument).
+    """
+    cache_code = _check_cache(k_cache, v_cache)
+    num_blocks, num_kv_heads, tokens_per_block, head_dim = k_cache.shape
+    q_code = _code(query, "query")
+    if query.dim() != 3:
+        raise ValueError(
+            f"query: expected 3 dims [num_tokens, num_heads, head_dim], got {tuple(query.shape)}"
+        )
+    num_tokens, num_heads, q_head_dim = query.shape
+    if q_head_dim != head_dim:
+        raise ValueError(f"query: head_dim {q_head_dim} differs from the cache's {head_dim}")
+    q_stride = _rows(query, "query", num_heads, head_dim)
+    _check_index(query_start_loc, "query_start_loc", 1)
+    _check_index(seq_lens, "seq_lens", 1)
+    _check_index(block_tables, "block_tables", 2)
+    num_seqs = seq_lens.shape[0]
+    if query_start_loc.shape[0] != num_seqs + 1:
+        raise ValueError(
+            f"query_start_loc: expected {num_seqs + 1} entries (num_seqs + 1), "
+            f"got {query_start_loc.shape[0]}"
+        )
+    if block_tables.shape[0] < num_seqs:
+        raise ValueError(f"block_tables: {block_tables.shape[0]} rows for {num_seqs} sequences")
+    if out is None:
+        out = torch.empty((num_tokens, num_heads, head_dim), dtype=query.dtype)
+        out_stride = num_heads * head_dim
+    else:
+        if out.dtype != query.dtype:
+            raise ValueError(f"out: dtype {out.dtype} differs from query {query.dtype}")
+        if not out.is_cpu:
+            raise ValueError(f"out: must be a CPU tensor, got device {out.device}")
+        out_stride = _rows(out, "out", num_heads, head_dim)
+        if out.shape[0] != num_tokens:
+            raise ValueError(f"out: {out.shape[0]} rows, query has {num_tokens}")
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    _core._paged_attention(
+        out.data_ptr(), out_stride, query.data_ptr(), q_stride, q_code,
+        k_cache.data_ptr(), v_cache.data_ptr(), cache_code, query_start_loc.data_ptr(),
+        seq_lens.data_ptr(), block_tables.data_ptr(), num_seqs, block_tables.shape[1],
+        num_heads, num_kv_heads, head_dim, tokens_per_block, float(scale), int(sliding_window),
+        torch.get_num_threads(),
+    )
+    return out

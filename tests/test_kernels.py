@@ -1,0 +1,427 @@
+"""Tests of the CPU attention kernels (pyengine.kernels) against naive PyTorch references."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import pyengine._core as _core
+from pyengine.kernels import paged_attention, store_kv
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def make_batch(specs, num_kv_heads, head_dim, tokens_per_block, cache_dtype, gen, window=0,
+               free_out_of_window=False, extra_blocks=7):
+    """Builds a paged cache holding every sequence's KV in shuffled, non-contiguous blocks.
+
+    specs: list of (seq_len, q_len). Unused cache slots and table entries are poisoned (NaN,
+    -1) so any stray read shows up. Returns the cache, index tensors and the per-sequence KV
+    (already rounded to the cache dtype) for the reference.
+    """
+    nblocks = [math.ceil(L / tokens_per_block) for L, _ in specs]
+    num_blocks = sum(nblocks) + extra_blocks
+    perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    max_blocks = max(nblocks) + 2
+    block_tables = torch.full((len(specs), max_blocks), -1, dtype=torch.int32)
+    shape = (num_blocks, num_kv_heads, tokens_per_block, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=cache_dtype)
+    v_cache = torch.full(shape, float("nan"), dtype=cache_dtype)
+    kvs = []
+    used = 0
+    for i, (L, q_len) in enumerate(specs):
+        ids = perm[used:used + nblocks[i]]
+        used += nblocks[i]
+        block_tables[i, :nblocks[i]] = ids
+        k = torch.randn(L, num_kv_heads, head_dim, generator=gen).to(cache_dtype)
+        v = torch.randn(L, num_kv_heads, head_dim, generator=gen).to(cache_dtype)
+        pos = torch.arange(L)
+        bid = ids.long()[pos // tokens_per_block]
+        off = pos % tokens_per_block
+        k_cache[bid, :, off, :] = k
+        v_cache[bid, :, off, :] = v
+        kvs.append((k, v))
+        if window > 0 and free_out_of_window and q_len > 0:
+            # blocks no query row of this step can see may already be freed
+            first_visible = max(0, L - q_len - window + 1)
+            block_tables[i, :first_visible // tokens_per_block] = -1
+    seq_lens = torch.tensor([L for L, _ in specs], dtype=torch.int32)
+    qsl = torch.zeros(len(specs) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor([q for _, q in specs]), 0)
+    return k_cache, v_cache, qsl, seq_lens, block_tables, kvs
+
+
+def ref_attention(query, kvs, specs, scale, window):
+    """Naive causal (optionally sliding-window) GQA attention in fp64."""
+    num_tokens, num_heads, head_dim = query.shape
+    out = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float64)
+    start = 0
+    for (L, q_len), (k, v) in zip(specs, kvs):
+        if q_len == 0:
+            continue
+        group = num_heads // k.shape[1]
+        q = query[start:start + q_len].double()
+        kk = k.double().repeat_interleave(group, dim=1)  # [L, H, D]
+        vv = v.double().repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q, kk) * scale
+        qpos = torch.arange(L - q_len, L)[:, None]
+        kpos = torch.arange(L)[None, :]
+        mask = kpos <= qpos
+        if window > 0:
+            mask &= kpos > qpos - window
+        s = s.masked_fill(~mask, float("-inf"))
+        out[start:start + q_len] = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vv)
+        start += q_len
+    return out
+
+
+def tolerance(q_dtype, cache_dtype):
+    if q_dtype == torch.float32:
+        # inputs are exact in fp32; only fp32 accumulation differs from the fp64 reference
+        return dict(atol=1e-5, rtol=1e-5)
+    if q_dtype == torch.float16:
+        return dict(atol=2e-3, rtol=2e-3)
+    return dict(atol=8e-3, rtol=8e-3)  # bf16 output rounding: <= 2^-8 relative
+
+
+def random_specs(gen, n, max_len=1000):
+    """A batch mixing decode rows, prefill chunks starting mid-sequence and full prefills."""
+    specs = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:  # decode row
+            L = int(torch.randint(1, max_len + 1, (1,), generator=gen))
+            specs.append((L, 1))
+        elif kind == 1:  # prefill chunk after earlier KV
+            prefix = int(torch.randint(1, max_len - 150, (1,), generator=gen))
+            q_len = int(torch.randint(2, 150, (1,), generator=gen))
+            specs.append((prefix + q_len, q_len))
+        elif kind == 2:  # prefill from position 0
+            q_len = int(torch.randint(2, 120, (1,), generator=gen))
+            specs.append((q_len, q_len))
+        else:  # long decode
+            L = int(torch.randint(max_len // 2, max_len + 1, (1,), generator=gen))
+            specs.append((L, 1))
+    return specs
+
+
+def run_case(specs, num_heads, num_kv_heads, head_dim, tokens_per_block, cache_dtype, q_dtype,
+             window, seed, free_out_of_window=False, query_row_view=False):
+    gen = torch.Generator().manual_seed(seed)
+    k_cache, v_cache, qsl, seq_lens, bt, kvs = make_batch(
+        specs, num_kv_heads, head_dim, tokens_per_block, cache_dtype, gen, window,
+        free_out_of_window)
+    num_tokens = sum(q for _, q in specs)
+    if query_row_view:
+        fused = torch.randn(num_tokens, num_heads + 2 * num_kv_heads, head_dim, generator=gen)
+        query = fused.to(q_dtype)[:, :num_heads]
+        assert not query.is_contiguous()
+    else:
+        query = torch.randn(num_tokens, num_heads, head_dim, generator=gen).to(q_dtype)
+    scale = head_dim ** -0.5
+    out = paged_attention(query, k_cache, v_cache, qsl, seq_lens, bt, scale, window)
+    assert out.dtype == q_dtype and out.shape == query.shape
+    ref = ref_attention(query, kvs, specs, scale, window)
+    torch.testing.assert_close(out.double(), ref, **tolerance(q_dtype, cache_dtype))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# paged_attention
+# ---------------------------------------------------------------------------------------------
+
+# (num_heads, num_kv_heads, head_dim, tokens_per_block): MHA, GQA 2 and 4, MQA; dims 64/128/80/32
+SHAPES = [
+    (4, 4, 64, 16),
+    (4, 2, 128, 16),
+    (8, 2, 80, 32),
+    (8, 1, 64, 16),
+    (6, 3, 32, 5),
+]
+
+
+@pytest.mark.parametrize("window", [0, 37])
+@pytest.mark.parametrize("q_dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("cache_dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "h%d_kv%d_d%d_t%d" % s)
+def test_paged_attention_mixed_batch(shape, cache_dtype, q_dtype, window):
+    num_heads, num_kv_heads, head_dim, tpb = shape
+    seed = sum(map(ord, f"{shape}{cache_dtype}{q_dtype}{window}"))  # stable across runs
+    gen = torch.Generator().manual_seed(seed)
+    specs = random_specs(gen, 6)
+    run_case(specs, num_heads, num_kv_heads, head_dim, tpb, DTYPES[cache_dtype],
+             DTYPES[q_dtype], window, seed, free_out_of_window=window > 0,
+             query_row_view=(seed % 2 == 0))
+
+
+def test_paged_attention_fp16_query():
+    specs = [(300, 1), (200, 40), (57, 57)]
+    run_case(specs, 8, 2, 64, 16, torch.float16, torch.float16, 0, 1)
+
+
+@pytest.mark.parametrize("cache_dtype", ["fp32", "bf16"])
+def test_split_k_long_decode(cache_dtype):
+    # few work items with long contexts: exercises the split-K path and its combine
+    specs = [(4000, 1), (1000, 1)]
+    run_case(specs, 2, 1, 64, 16, DTYPES[cache_dtype], torch.float32, 0, 2)
+    run_case(specs, 4, 1, 128, 16, DTYPES[cache_dtype], torch.float32, 300, 3)
+    run_case([(3000, 3)], 4, 2, 64, 16, DTYPES[cache_dtype], torch.float32, 0, 4)
+
+
+@pytest.mark.parametrize("cache_dtype", ["fp32", "bf16"])
+def test_odd_head_dim_and_group(cache_dtype):
+    # head_dim not a multiple of 16 (vector tails), group 5 (row groups 4 + 1), 7-token blocks
+    gen = torch.Generator().manual_seed(14)
+    specs = random_specs(gen, 4, max_len=400)
+    run_case(specs, 10, 2, 40, 7, DTYPES[cache_dtype], torch.float32, 0, 14)
+    run_case(specs, 10, 2, 40, 7, DTYPES[cache_dtype], torch.bfloat16, 23, 15)
+
+
+def test_long_prefill_chunk():
+    specs = [(1000, 600), (300, 1)]
+    run_case(specs, 6, 2, 64, 16, torch.bfloat16, torch.float32, 0, 5)
+    run_case(specs, 6, 2, 64, 16, torch.float32, torch.float32, 129, 6)
+
+
+def test_window_one_and_empty_sequence():
+    # window 1: each row sees only itself; a sequence with no query rows this step is skipped
+    specs = [(10, 3), (20, 0), (5, 1)]
+    run_case(specs, 2, 2, 32, 4, torch.float32, torch.float32, 1, 7)
+    run_case(specs, 2, 2, 32, 4, torch.float32, torch.float32, 0, 8)
+
+
+def test_thread_counts_agree():
+    gen = torch.Generator().manual_seed(9)
+    specs = random_specs(gen, 5)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = run_case(specs, 4, 2, 64, 16, torch.bfloat16, torch.float32, 0, 9)
+        torch.set_num_threads(max(2, old))
+        b = run_case(specs, 4, 2, 64, 16, torch.bfloat16, torch.float32, 0, 9)
+    finally:
+        torch.set_num_threads(old)
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_out_argument_and_row_stride():
+    gen = torch.Generator().manual_seed(10)
+    specs = [(50, 1), (40, 10)]
+    k_cache, v_cache, qsl, seq_lens, bt, kvs = make_batch(specs, 2, 64, 16, torch.float32, gen)
+    query = torch.randn(11, 4, 64, generator=gen)
+    big = torch.zeros(11, 6, 64)
+    out = big[:, 1:5]  # strided row view
+    res = paged_attention(query, k_cache, v_cache, qsl, seq_lens, bt, 0.125, out=out)
+    assert res is out
+    torch.testing.assert_close(out.double(), ref_attention(query, kvs, specs, 0.125, 0),
+                               atol=2e-5, rtol=2e-5)
+    assert torch.all(big[:, 0] == 0) and torch.all(big[:, 5] == 0)
+
+
+def test_baseline_isa_build_matches():
+    """The non-AVX-512 back end (forced via PYENGINE_DISABLE_AVX512) gives the same results."""
+    code = (
+        "import sys, torch\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "import test_kernels as t\n"
+        "g = torch.Generator().manual_seed(11)\n"
+        "specs = t.random_specs(g, 6)\n"
+        "for cd in (torch.float32, torch.bfloat16, torch.float16):\n"
+        "    t.run_case(specs, 8, 2, 80, 16, cd, torch.float32, 0, 11)\n"
+        "    t.run_case(specs, 4, 4, 64, 16, cd, torch.bfloat16, 50, 12)\n"
+        "t.run_case([(3000, 1)], 2, 1, 64, 16, torch.bfloat16, torch.float32, 0, 13)\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, PYENGINE_DISABLE_AVX512="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "ok" in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# store_kv
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("src_dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("cache_dtype", ["fp32", "bf16", "fp16"])
+def test_store_kv_placement(src_dtype, cache_dtype):
+    gen = torch.Generator().manual_seed(20)
+    num_blocks, H, T, D = 9, 3, 16, 80
+    sd, cd = DTYPES[src_dtype], DTYPES[cache_dtype]
+    n = 50
+    # key/value as row views of a fused qkv tensor (non-contiguous rows)
+    fused = (torch.randn(n, 4 + 2 * H, D, generator=gen) * 3).to(sd)
+    key, value = fused[:, 4:4 + H], fused[:, 4 + H:]
+    slots = torch.randperm(num_blocks * T, generator=gen)[:n].to(torch.int32)
+    slots[[3, 17, 40]] = -1  # skipped rows
+    k_cache = torch.randn(num_blocks, H, T, D, generator=gen).to(cd)
+    v_cache = torch.randn(num_blocks, H, T, D, generator=gen).to(cd)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    store_kv(key, value, k_cache, v_cache, slots)
+
+    k_exp, v_exp = k_before.clone(), v_before.clone()
+    keep = slots >= 0
+    s = slots[keep].long()
+    k_exp[s // T, :, s % T] = key[keep].to(cd)
+    v_exp[s // T, :, s % T] = value[keep].to(cd)
+    # bit-exact: same placement and the same (round-to-nearest-even) conversion as torch
+    assert torch.equal(k_cache.view(-1).view(torch.uint8), k_exp.view(-1).view(torch.uint8))
+    assert torch.equal(v_cache.view(-1).view(torch.uint8), v_exp.view(-1).view(torch.uint8))
+
+
+@pytest.mark.parametrize("cache_dtype", ["bf16", "fp16"])
+def test_store_kv_conversion_edge_cases(cache_dtype):
+    cd = DTYPES[cache_dtype]
+    bits = torch.cat([
+        torch.randint(-2 ** 31, 2 ** 31 - 1, (20000,), generator=torch.Generator().manual_seed(21),
+                      dtype=torch.int64).to(torch.int32),
+        # halfway / rounding cases around bf16 and fp16 ulps, subnormals, overflow, inf, nan
+        torch.tensor([0x3F808000, 0x3F818000, 0x3F807FFF, 0x7F7FFFFF, 0x477FF000, 0x477FEFFF,
+                      0x477FE000, 0x33000000, 0x33000001, 0x337FFFFF, 0x38800000, 0x387FFFFF,
+                      0x7F800000, 0xFF800000 - 2 ** 32, 0x7FC00000, 0x7F800001, 0x00000001,
+                      0x80000000 - 2 ** 32, 0], dtype=torch.int64).to(torch.int32),
+    ])
+    vals = bits.view(torch.float32)
+    n = vals.numel() // 16 * 16
+    key = vals[:n].reshape(-1, 1, 16)
+    T = 8
+    num_blocks = n // 16 // T + 1
+    k_cache = torch.zeros(num_blocks, 1, T, 16, dtype=cd)
+    v_cache = torch.zeros_like(k_cache)
+    slots = torch.arange(key.shape[0], dtype=torch.int32)
+    store_kv(key, key, k_cache, v_cache, slots)
+    got = k_cache.view(-1)[:n]
+    exp = key.reshape(-1).to(cd)
+    nan = torch.isnan(exp)
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan].view(torch.int16), exp[~nan].view(torch.int16))
+    # and back: fp16/bf16 source into an fp32 cache is exact
+    f_cache = torch.zeros(num_blocks, 1, T, 16)
+    store_kv(exp.reshape(-1, 1, 16), exp.reshape(-1, 1, 16), f_cache, f_cache.clone(), slots)
+    back = f_cache.view(-1)[:n]
+    assert torch.equal(torch.isnan(back), nan)
+    assert torch.equal(back[~nan], exp[~nan].float())
+
+
+def test_store_then_attend_roundtrip():
+    """store_kv + paged_attention together, as the model uses them (decode step)."""
+    gen = torch.Generator().manual_seed(22)
+    H, Hkv, D, T = 4, 2, 64, 16
+    specs = [(33, 33), (17, 17)]
+    k_cache, v_cache, qsl, seq_lens, bt, kvs = make_batch(specs, Hkv, D, T, torch.bfloat16, gen)
+    # one decode step for each sequence: write the new row through store_kv
+    new_k = torch.randn(2, Hkv, D, generator=gen)
+    new_v = torch.randn(2, Hkv, D, generator=gen)
+    slots = []
+    for i, (L, _) in enumerate(specs):
+        slots.append(int(bt[i, L // T]) * T + L % T)
+    store_kv(new_k, new_v, k_cache, v_cache, torch.tensor(slots, dtype=torch.int32))
+    specs2 = [(34, 1), (18, 1)]
+    kvs2 = [(torch.cat([k, new_k[i:i + 1].bfloat16()]), torch.cat([v, new_v[i:i + 1].bfloat16()]))
+            for i, (k, v) in enumerate(kvs)]
+    query = torch.randn(2, H, D, generator=gen)
+    out = paged_attention(query, k_cache, v_cache, torch.tensor([0, 1, 2], dtype=torch.int32),
+                          torch.tensor([34, 18], dtype=torch.int32), bt, D ** -0.5)
+    torch.testing.assert_close(out.double(), ref_attention(query, kvs2, specs2, D ** -0.5, 0),
+                               atol=2e-5, rtol=2e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# argument validation
+# ---------------------------------------------------------------------------------------------
+
+
+def _attn_args():
+    gen = torch.Generator().manual_seed(30)
+    specs = [(20, 1), (10, 4)]
+    k_cache, v_cache, qsl, seq_lens, bt, _ = make_batch(specs, 2, 32, 8, torch.float32, gen)
+    query = torch.randn(5, 4, 32, generator=gen)
+    return dict(query=query, k_cache=k_cache, v_cache=v_cache, query_start_loc=qsl,
+                seq_lens=seq_lens, block_tables=bt, scale=0.2)
+
+
+@pytest.mark.parametrize("change, name", [
+    (lambda a: a.update(query=a["query"].long()), "query"),
+    (lambda a: a.update(query=a["query"][:, :3]), "num_heads"),  # 3 heads over 2 KV heads
+    (lambda a: a.update(query=a["query"][..., :16]), "query"),
+    (lambda a: a.update(query=a["query"].transpose(1, 2).contiguous().transpose(1, 2)), "query"),
+    (lambda a: a.update(k_cache=a["k_cache"].transpose(1, 2)), "k_cache"),
+    (lambda a: a.update(v_cache=a["v_cache"].bfloat16()), "v_cache"),
+    (lambda a: a.update(seq_lens=a["seq_lens"].long()), "seq_lens"),
+    (lambda a: a.update(seq_lens=torch.tensor([20, 3], dtype=torch.int32)), "seq_lens"),
+    (lambda a: a.update(seq_lens=torch.tensor([20, 900], dtype=torch.int32)), "seq_lens"),
+    (lambda a: a.update(query_start_loc=torch.tensor([0, 3, 1], dtype=torch.int32)),
+     "query_start_loc"),
+    (lambda a: a.update(query_start_loc=torch.tensor([0, 1], dtype=torch.int32)),
+     "query_start_loc"),
+    (lambda a: a["block_tables"].__setitem__((1, 0), -1), "block_tables"),
+    (lambda a: a.update(block_tables=a["block_tables"][:, ::2]), "block_tables"),
+    (lambda a: a.update(sliding_window=-2), "sliding_window"),
+    (lambda a: a.update(out=torch.empty(5, 4, 32, dtype=torch.bfloat16)), "out"),
+])
+def test_paged_attention_bad_arguments(change, name):
+    args = _attn_args()
+    paged_attention(**args)  # the unmodified arguments are fine
+    change(args)
+    with pytest.raises(ValueError, match=name):
+        paged_attention(**args)
+
+
+@pytest.mark.parametrize("change, name", [
+    (lambda a: a.update(key=a["key"].double()), "key"),
+    (lambda a: a.update(value=a["value"].bfloat16()), "value"),
+    (lambda a: a.update(slot_mapping=a["slot_mapping"].long()), "slot_mapping"),
+    (lambda a: a.update(slot_mapping=a["slot_mapping"][:2]), "slot_mapping"),
+    (lambda a: a.update(k_cache=a["k_cache"][:, :1]), "k_cache"),
+    (lambda a: a.update(v_cache=a["v_cache"][..., :8]), "v_cache"),
+])
+def test_store_kv_bad_arguments(change, name):
+    args = dict(key=torch.randn(3, 2, 16), value=torch.randn(3, 2, 16),
+                k_cache=torch.zeros(4, 2, 8, 16), v_cache=torch.zeros(4, 2, 8, 16),
+                slot_mapping=torch.tensor([0, 5, 9], dtype=torch.int32))
+    store_kv(**args)
+    change(args)
+    with pytest.raises(ValueError, match=name):
+        store_kv(**args)
+
+
+def test_core_bindings_validate():
+    k = torch.zeros(2, 1, 8)
+    cache = torch.zeros(1, 1, 4, 8)
+    slots = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="key"):
+        _core._store_kv(0, k.data_ptr(), 8, 8, 0, cache.data_ptr(), cache.data_ptr(), 0,
+                        slots.data_ptr(), 2, 1, 8, 4)
+    with pytest.raises(ValueError, match="src_dtype"):
+        _core._store_kv(k.data_ptr(), k.data_ptr(), 8, 8, 7, cache.data_ptr(), cache.data_ptr(),
+                        0, slots.data_ptr(), 2, 1, 8, 4)
+    with pytest.raises(ValueError, match="head_dim"):
+        _core._store_kv(k.data_ptr(), k.data_ptr(), 8, 8, 0, cache.data_ptr(), cache.data_ptr(),
+                        0, slots.data_ptr(), 2, 1, 0, 4)
+    i32 = torch.tensor([0, 1], dtype=torch.int32)
+    q = torch.zeros(1, 3, 8)
+    with pytest.raises(ValueError, match="num_heads"):
+        _core._paged_attention(q.data_ptr(), 24, q.data_ptr(), 24, 0, cache.data_ptr(),
+                               cache.data_ptr(), 0, i32.data_ptr(), i32.data_ptr(),
+                               i32.data_ptr(), 1, 1, 3, 2, 8, 4, 0.3, 0, 1)
+    with pytest.raises(ValueError, match="cache_dtype"):
+        _core._paged_attention(q.data_ptr(), 24, q.data_ptr(), 24, 0, cache.data_ptr(),
+                               cache.data_ptr(), 5, i32.data_ptr(), i32.data_ptr(),
+                               i32.data_ptr(), 1, 1, 3, 1, 8, 4, 0.3, 0, 1)
+    with pytest.raises(ValueError, match="block_tables"):
+        _core._paged_attention(q.data_ptr(), 24, q.data_ptr(), 24, 0, cache.data_ptr(),
+                               cache.data_ptr(), 0, i32.data_ptr(), i32.data_ptr(), 0, 1, 1,
+                               3, 1, 8, 4, 0.3, 0, 1)
+    assert _core._dtype_size(1) == 2
