@@ -35,7 +35,7 @@ def _demo(args: argparse.Namespace) -> int:
     engine = Engine(model_dir, dtype=args.dtype, max_seq_len=args.max_seq_len,
                     scheduler_config=SchedulerConfig(max_batch_size=len(DEMO_PROMPTS)))
     prompts = (DEMO_PROMPTS * ((args.num_requests + len(DEMO_PROMPTS) - 1) // len(DEMO_PROMPTS)))[: args.num_requests]
-    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=args.model is None)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=args.model is None)
     start = time.perf_counter()
     results = engine.generate(prompts, params)
     elapsed = time.perf_counter() - start
@@ -52,7 +52,7 @@ def _generate(args: argparse.Namespace) -> int:
     from pyengine import Engine, SamplingParams
 
     engine = Engine(args.model, dtype=args.dtype, max_seq_len=args.max_seq_len)
-    engine.add_request(args.prompt, SamplingParams(max_tokens=args.max_tokens))
+    engine.add_request(args.prompt, SamplingParams(temperature=0.0, max_tokens=args.max_tokens))
     while engine.has_unfinished_requests():
         for out in engine.step():
             sys.stdout.write(out.new_text)

@@ -15,6 +15,14 @@ cdef extern from "pyengine/types.h" namespace "pyengine":
 
 
 cdef extern from "pyengine/request.h" namespace "pyengine":
+    cpdef enum class FinishReason(int32_t):
+        kNone
+        kEndId
+        kStopToken
+        kLength
+        kAbort
+        kStopString
+
     cdef cppclass CRequest "pyengine::Request":
         int64_t id
         vector[int32_t] tokens
@@ -92,6 +100,7 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         const ForwardMetadata& schedule(double) except +
         void update(const int32_t*, int32_t, double) except +
         void free_finished() except +
+        cbool finish_request(int64_t, FinishReason, double)
         cbool has_unfinished()
         int32_t num_requests()
         int32_t num_waiting()
@@ -186,6 +195,10 @@ cdef class CoreBatchManager:
     def update(self, const int32_t[::1] tokens, double now):
         cdef const int32_t* ptr = &tokens[0] if tokens.shape[0] > 0 else NULL
         self.bm.update(ptr, tokens.shape[0], now)
+
+    def finish_stopped(self, int64_t request_id, double now) -> bool:
+        """Ends a generating request that the caller found a stop string in."""
+        return self.bm.finish_request(request_id, FinishReason.kStopString, now)
 
     def free_finished(self):
         self.bm.free_finished()

@@ -8,9 +8,9 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from collections import deque
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -21,14 +21,15 @@ from pyengine.executor import ModelRunner
 from pyengine.models import LlamaFamilyModel, ModelConfig
 from pyengine.models.loader import load_tensors
 from pyengine.outputs import RequestMetrics, RequestOutput
-from pyengine.sampler import greedy_sample
+from pyengine.request_state import RequestState, metrics_from_core
+from pyengine.sampler import Sampler, top_logprobs
 from pyengine.sampling_params import SamplingParams
 
 logger = logging.getLogger("pyengine")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # C++ FinishReason values -> the names users see.
-FINISH_REASONS = {1: "stop", 2: "stop", 3: "length", 4: "abort"}
+FINISH_REASONS = {1: "stop", 2: "stop", 3: "length", 4: "abort", 5: "stop"}
 
 Prompt = str | Sequence[int]
 
@@ -53,15 +54,6 @@ def _available_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-@dataclass
-class _RequestState:
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    detokenizer: IncrementalDetokenizer
-    metrics: RequestMetrics
-    token_ids: list[int] = field(default_factory=list)
-
-
 class Engine:
     """An in-process LLM engine driven by the caller, one synchronous `step()` at a time.
 
@@ -69,12 +61,13 @@ class Engine:
     dtype: "float32", "bfloat16" or "float16" for weights and activations.
     max_seq_len: prompt + generated tokens of one request; defaults to the model's
         max_position_embeddings.
+    seed: seeds the seeds drawn for requests that give none (None: random).
     """
 
     def __init__(self, model: str | Path, dtype: str | torch.dtype = "float32",
                  kv_cache_config: KvCacheConfig | None = None,
                  scheduler_config: SchedulerConfig | None = None,
-                 max_seq_len: int | None = None) -> None:
+                 max_seq_len: int | None = None, seed: int | None = None) -> None:
         self._closed = True
         self.kv_cache_config = kv_cache_config or KvCacheConfig()
         self.scheduler_config = scheduler_config or SchedulerConfig()
@@ -117,8 +110,11 @@ class Engine:
         logger.info("pyengine: %s (%s, %d layers) in %s; KV pool %d blocks x %d tokens (%.1f MiB, %s)",
                     self.model_dir, mc.model_type, mc.num_layers, self.dtype, num_blocks, tpb,
                     self._runner.kv_pool_bytes / 2**20, kv_dtype)
-        self._requests: dict[int, _RequestState] = {}
+        self._sampler = Sampler(self._bm.num_slots, mc.vocab_size, seed)
+        self._requests: dict[int, RequestState] = {}
         self._finished_ids: set[int] = set()
+        self._streams: dict[int, deque[RequestOutput]] = {}
+        self._num_prompt_logprobs = 0  # requests still owed prompt logprobs
         self._ids = itertools.count()
         self._closed = False
 
@@ -167,24 +163,37 @@ class Engine:
                 request_id = next(self._ids)
         elif not isinstance(request_id, int) or isinstance(request_id, bool):
             raise TypeError(f"request_id must be an int, got {request_id!r}")
+        bad_stop = next((t for t in params.stop_token_ids if t >= self.model_config.vocab_size), None)
+        if bad_stop is not None:
+            raise ValueError(f"stop_token_ids entry {bad_stop} is outside the vocabulary "
+                             f"[0, {self.model_config.vocab_size})")
         eos = [] if params.ignore_eos else list(self.model_config.eos_token_ids)
         end_id = eos[0] if eos else -1
         stops = list(params.stop_token_ids) + eos[1:]
+        now = time.monotonic()
         self._bm.add_request(request_id, array.array("i", ids), params.max_tokens, end_id, stops,
-                             0, time.monotonic())
+                             params.min_tokens, now)
         self._finished_ids.discard(request_id)
-        self._requests[request_id] = _RequestState(
-            prompt_token_ids=ids, params=params,
+        state = RequestState(
+            request_id=request_id, prompt_token_ids=ids, params=params,
+            seed=params.seed if params.seed is not None else self._sampler.new_seed(),
+            stop_ids=eos + list(params.stop_token_ids),
             detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
-            metrics=RequestMetrics(arrival_time=time.monotonic()))
+            metrics=RequestMetrics(arrival_time=now))
+        self._requests[request_id] = state
+        self._num_prompt_logprobs += state.wants_prompt_logprobs
         return request_id
 
     def abort_request(self, request_id: int) -> bool:
-        """Cancels a request: it gets a final output with finish_reason "abort" from the next
-        step(), which frees its seat and blocks. Returns False if it has already finished;
-        raises ValueError for an id the engine never saw."""
+        """Cancels a waiting or running request: the next step() frees its seat and blocks
+        and returns its final output with finish_reason "abort" (its sampler state is
+        released now, before the seat). Returns False for a request that has already
+        finished; raises ValueError for an id the engine never saw."""
         self._check_open()
         if self._bm.abort_request(request_id):
+            slot = self._bm.request_metrics(request_id)["seq_slot"]
+            if slot >= 0:
+                self._sampler.release_slot(slot)
             return True
         if request_id in self._finished_ids:
             return False
@@ -199,52 +208,117 @@ class Engine:
         """Runs one step (schedule, forward, sample, update, respond, free); returns the
         outputs of the requests that advanced or ended in it."""
         self._check_open()
-        bm = self._bm
+        bm, sampler = self._bm, self._sampler
         num_tokens, num_seqs, num_logits = bm.schedule(time.monotonic())
         events = bm.events()
         outputs = [self._final_abort(rid) for rid in events["aborted"]]
-        if num_seqs == 0:
-            return outputs
-        logits = self._runner.forward(num_tokens, num_seqs, num_logits)
-        tokens = greedy_sample(logits)
-        bm.update_from_ptr(tokens.data_ptr(), num_logits, time.monotonic())
-        events = bm.events()
-        for rid, token, done, reason in zip(events["output_request_ids"], events["tokens"],
-                                            events["finished"], events["finish_reasons"]):
-            outputs.append(self._advance(rid, token, bool(done), reason))
-        bm.free_finished()
+        # Sampler rows: release the paused/aborted requests' rows, then set up the newly
+        # seated ones (a row is rewritten whole when seated, so no stale state is read).
+        for slot in events["paused_slots"] + events["aborted_slots"]:
+            if slot >= 0:
+                sampler.release_slot(slot)
+        for rid, slot in zip(events["new_seated"], events["new_seated_slots"]):
+            st = self._requests[rid]
+            sampler.init_slot(slot, st.params, st.prompt_token_ids, st.token_ids, st.stop_ids, st.seed)
+        if num_seqs > 0:
+            prompt_rows = self._prompt_logprob_rows(num_seqs) if self._num_prompt_logprobs else None
+            logits = self._runner.forward(num_tokens, num_seqs, num_logits,
+                                          None if prompt_rows is None else prompt_rows[0])
+            if prompt_rows is not None:
+                self._record_prompt_logprobs(logits[num_logits:], prompt_rows[1])
+                logits = logits[:num_logits]
+            result = sampler.sample(logits, self._runner.logits_slots[:num_logits])
+            bm.update_from_ptr(result.tokens.data_ptr(), num_logits, time.monotonic())
+            events = bm.events()
+            for k, (rid, token, done, reason) in enumerate(zip(
+                    events["output_request_ids"], events["tokens"], events["finished"], events["finish_reasons"])):
+                outputs.append(self._advance(rid, token, bool(done), reason, result.logprobs[k]))
+            bm.free_finished()  # sampler rows of the finished were released in _advance
+        for out in outputs:
+            queue = self._streams.get(out.request_id)
+            if queue is not None:
+                queue.append(out)
         return outputs
 
-    def _advance(self, rid: int, token: int, done: bool, reason: int) -> RequestOutput:
+    def _advance(self, rid: int, token: int, done: bool, reason: int,
+                 logprobs: dict[int, float] | None) -> RequestOutput:
         state = self._requests[rid]
-        state.token_ids.append(token)
-        new_text = state.detokenizer.add([token], final=done)
-        stop_reason = None
-        if done:
-            m = self._bm.request_metrics(rid)
-            state.metrics = RequestMetrics(arrival_time=m["arrival_time"],
-                                           first_scheduled_time=m["first_scheduled_time"],
-                                           first_token_time=m["first_token_time"],
-                                           finish_time=m["finish_time"], num_pauses=m["num_pauses"])
-            stop_reason = m["stop_token"] if m["stop_token"] >= 0 else None
-            del self._requests[rid]
-            self._finished_ids.add(rid)
-        return RequestOutput(request_id=rid, prompt_token_ids=state.prompt_token_ids,
-                             token_ids=list(state.token_ids), new_token_ids=[token],
-                             text=state.detokenizer.text, new_text=new_text, finished=done,
-                             finish_reason=FINISH_REASONS.get(reason) if done else None,
-                             stop_reason=stop_reason, metrics=state.metrics)
+        new_text, stopped = state.append_token(token, logprobs, final=done)
+        if stopped and not done:
+            self._bm.finish_stopped(rid, time.monotonic())
+        if not (done or stopped):
+            return state.output([token], new_text, False, None)
+        m = self._bm.request_metrics(rid)
+        state.metrics = metrics_from_core(m)
+        if not stopped and m["stop_token"] >= 0:
+            state.stop_reason = m["stop_token"]
+        self._sampler.release_slot(m["seq_slot"])  # before free_finished() returns the seat
+        self._forget(rid)
+        return state.output([token], new_text, True, "stop" if stopped else FINISH_REASONS[reason])
+
+    def _forget(self, rid: int) -> None:
+        state = self._requests.pop(rid)
+        self._num_prompt_logprobs -= state.wants_prompt_logprobs
+        self._finished_ids.add(rid)
 
     def _final_abort(self, rid: int) -> RequestOutput:
-        state = self._requests.pop(rid)
-        self._finished_ids.add(rid)
+        state = self._requests[rid]
+        self._forget(rid)
         state.metrics.finish_time = time.monotonic()
-        return RequestOutput(request_id=rid, prompt_token_ids=state.prompt_token_ids,
-                             token_ids=list(state.token_ids), new_token_ids=[],
-                             text=state.detokenizer.text, new_text="", finished=True,
-                             finish_reason="abort", metrics=state.metrics)
+        return state.output([], "", True, "abort")
+
+    def _prompt_logprob_rows(self, num_seqs: int) -> tuple[torch.Tensor, list[tuple[RequestState, int]]] | None:
+        """Rows of this batch whose logits give prompt logprobs: (row indices, [(request, position)])."""
+        r = self._runner
+        rows: list[int] = []
+        owners: list[tuple[RequestState, int]] = []
+        qsl = r.query_start_loc[: num_seqs + 1].tolist()
+        seq_lens = r.seq_lens[:num_seqs].tolist()
+        for s, rid in enumerate(r.request_ids[:num_seqs].tolist()):
+            state = self._requests[rid]
+            if not state.wants_prompt_logprobs:
+                continue
+            first_pos = seq_lens[s] - (qsl[s + 1] - qsl[s])
+            owed_from = len(state.prompt_logprobs) - 1  # position whose row predicts the next owed token
+            for row in range(qsl[s], qsl[s + 1]):
+                pos = first_pos + row - qsl[s]
+                if owed_from <= pos < len(state.prompt_token_ids) - 1:
+                    rows.append(row)
+                    owners.append((state, pos))
+        if not rows:
+            return None
+        return torch.tensor(rows, dtype=torch.int32), owners
+
+    def _record_prompt_logprobs(self, logits: torch.Tensor, owners: list[tuple[RequestState, int]]) -> None:
+        logprobs = torch.log_softmax(logits, dim=-1)
+        for i, (state, pos) in enumerate(owners):
+            state.prompt_logprobs.append(top_logprobs(logprobs[i], state.params.prompt_logprobs,
+                                                      state.prompt_token_ids[pos + 1]))
+            if not state.wants_prompt_logprobs:
+                self._num_prompt_logprobs -= 1
 
     # ---- convenience -------------------------------------------------------------------------
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None,
+               request_id: int | None = None) -> Iterator[RequestOutput]:
+        """Adds a request and yields its outputs step by step (other requests advance in
+        the same steps). Several streams may be consumed interleaved. Closing the
+        generator early aborts the request."""
+        rid = self.add_request(prompt, params, request_id)
+        queue: deque[RequestOutput] = deque()
+        self._streams[rid] = queue
+        finished = False
+        try:
+            while not finished:
+                while not queue:
+                    self.step()
+                out = queue.popleft()
+                finished = out.finished
+                yield out
+        finally:
+            self._streams.pop(rid, None)
+            if not finished and not self._closed and rid in self._requests:
+                self.abort_request(rid)
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -268,7 +342,7 @@ class Engine:
         except Exception:
             for rid in ids:  # undo: the partly queued batch leaves no trace
                 self._bm.remove_waiting(rid)
-                del self._requests[rid]
+                self._num_prompt_logprobs -= self._requests.pop(rid).wants_prompt_logprobs
             raise
         results: dict[int, RequestOutput] = {}
         wanted = set(ids)

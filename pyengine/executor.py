@@ -30,19 +30,26 @@ class ModelRunner:
         self.seq_lens = view("seq_lens")
         self.block_tables = view("block_tables").view(max_batch_size, bm.max_blocks_per_seq)
         self.logits_indices = view("logits_indices")
+        self.logits_slots = view("logits_slots")
+        self.request_ids = view("request_ids", torch.int64)
 
     @property
     def kv_pool_bytes(self) -> int:
         return self.kv_pool.numel() * self.kv_pool.element_size()
 
     @torch.inference_mode()
-    def forward(self, num_tokens: int, num_seqs: int, num_logits: int) -> torch.Tensor:
-        """Runs the scheduled batch; returns fp32 logits [num_logits, vocab]."""
+    def forward(self, num_tokens: int, num_seqs: int, num_logits: int,
+                extra_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Runs the scheduled batch; returns fp32 logits [num_logits (+ extra rows), vocab]
+        for the sampled rows, then for `extra_rows` (token rows, e.g. for prompt logprobs)."""
         meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[:num_tokens],
             query_start_loc=self.query_start_loc[: num_seqs + 1],
             seq_lens=self.seq_lens[:num_seqs],
             block_tables=self.block_tables[:num_seqs],
         )
+        rows = self.logits_indices[:num_logits]
+        if extra_rows is not None:
+            rows = torch.cat([rows, extra_rows])
         return self.model.forward(self.input_ids[:num_tokens], self.positions[:num_tokens], meta,
-                                  self.kv_caches, self.logits_indices[:num_logits])
+                                  self.kv_caches, rows)

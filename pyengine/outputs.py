@@ -17,7 +17,14 @@ class RequestMetrics:
 
     @property
     def time_to_first_token(self) -> float | None:
+        """Seconds from arrival to the first generated token."""
         return None if self.first_token_time < 0 else self.first_token_time - self.arrival_time
+
+    def time_per_output_token(self, num_tokens: int) -> float | None:
+        """Mean seconds between tokens after the first, for a finished request of num_tokens."""
+        if self.finish_time < 0 or self.first_token_time < 0 or num_tokens < 2:
+            return None
+        return (self.finish_time - self.first_token_time) / (num_tokens - 1)
 
 
 @dataclass
@@ -25,8 +32,12 @@ class RequestOutput:
     """A request's state after a step.
 
     token_ids: every token generated so far; new_token_ids: those of this step.
-    finish_reason: None while running, then "stop" (end id or stop token), "length"
-        (max_tokens reached) or "abort".
+    text: the detokenized output so far (cut at a stop string); new_text: this step's part.
+    finish_reason: None while running, then "stop" (end id, stop token or stop string),
+        "length" (max_tokens reached) or "abort".
+    stop_reason: the stop token id or stop string that ended the request.
+    logprobs: per generated token, {token id: logprob} of the top-N and the chosen token
+        (SamplingParams.logprobs); prompt_logprobs likewise per prompt token (None first).
     """
 
     request_id: int
@@ -37,5 +48,7 @@ class RequestOutput:
     new_text: str
     finished: bool
     finish_reason: str | None = None
-    stop_reason: int | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[dict[int, float]] | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
     metrics: RequestMetrics | None = field(default=None, repr=False)

@@ -1,10 +1,246 @@
-"""Turns logits rows into tokens. Greedy decoding only for now (see SamplingParams)."""
+"""Sampling: logits rows -> tokens, with per-request state indexed by sequence slot.
+
+Every parameter lives in a tensor with one row per slot plus a scratch row past the last
+(for padding rows that own no slot), so a batch mixing greedy, seeded and unseeded requests
+with different parameters is processed in one vectorized pass. Randomness is counter-based:
+a request's i-th token uses a uniform number derived from (its seed, i) alone, so a seeded
+request yields the same tokens whatever it is batched with, and a paused request that is
+recomputed draws the same numbers again. Sampling is by inverse CDF over the transformed
+distribution.
+
+Transforms, in transformers' order: repetition penalty, presence/frequency penalties,
+min_tokens masking, then for sampled rows temperature, top-k, top-p, min-p.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from pyengine.sampling_params import SamplingParams
 
-def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
-    """logits [n, vocab] -> int32 tokens [n]; ties go to the lowest id, as in transformers."""
-    return torch.argmax(logits, dim=-1).to(torch.int32)
+_MASK64 = (1 << 64) - 1
+
+
+def _signed64(v: int) -> int:
+    v &= _MASK64
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+_GOLDEN = _signed64(0x9E3779B97F4A7C15)
+_MIX1 = _signed64(0xBF58476D1CE4E5B9)
+_MIX2 = _signed64(0x94D049BB133111EB)
+
+
+def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 values."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """A uniform float64 in (0, 1) for each (seed, counter) pair: splitmix64 of a mix of both."""
+    x = seeds * _GOLDEN + (counters + 1) * _MIX2  # wraps modulo 2**64
+    for _ in range(2):
+        x = x ^ _shr(x, 30)
+        x = x * _MIX1
+        x = x ^ _shr(x, 27)
+        x = x * _MIX2
+        x = x ^ _shr(x, 31)
+    return (_shr(x, 11).to(torch.float64) + 0.5) / float(1 << 53)
+
+
+# ---- the transforms, each on a [n, vocab] float32 tensor with per-row parameters ----------
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """transformers' RepetitionPenaltyLogitsProcessor with one penalty per row."""
+    p = penalty[:, None]
+    penalized = torch.where(logits < 0, logits * p, logits / p)
+    return torch.where(seen, penalized, logits)
+
+
+def apply_presence_frequency(logits: torch.Tensor, counts: torch.Tensor, presence: torch.Tensor,
+                             frequency: torch.Tensor) -> torch.Tensor:
+    """OpenAI: logit -= frequency * count + presence * (count > 0), counts of generated tokens."""
+    c = counts.to(logits.dtype)
+    return logits - frequency[:, None] * c - presence[:, None] * (c > 0).to(logits.dtype)
+
+
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """transformers' TopKLogitsWarper (ties with the k-th value are kept); k >= vocab disables."""
+    vocab = logits.shape[-1]
+    k = top_k.clamp(1, vocab)
+    kmax = int(k.max())
+    kth = logits.topk(kmax, dim=-1).values.gather(1, (k - 1)[:, None])
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """transformers' TopPLogitsWarper: drop the least likely tokens whose total is <= 1 - p."""
+    sorted_logits, sorted_idx = torch.sort(logits, descending=False)
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    remove = cum <= (1 - top_p)[:, None]
+    remove[:, -1] = False
+    return logits.masked_fill(remove.scatter(1, sorted_idx, remove), float("-inf"))
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """transformers' MinPLogitsWarper: drop tokens with prob < min_p * max prob."""
+    probs = logits.softmax(dim=-1)
+    threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def sample_inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One token per row from softmax(logits), chosen by the row's uniform number."""
+    probs = logits.softmax(dim=-1).to(torch.float64)
+    cdf = probs.cumsum(dim=-1)
+    target = (uniform * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
+
+
+@dataclass
+class SampleResult:
+    tokens: torch.Tensor                 # int32 [n]
+    logprobs: list[dict[int, float] | None]  # per row: top-N + chosen, or None
+
+
+class Sampler:
+    """Per-slot sampling state and the vectorized sampling pass."""
+
+    def __init__(self, num_slots: int, vocab_size: int, seed: int | None = None) -> None:
+        rows = num_slots + 1  # the last row is the scratch row for padding
+        self.scratch_slot = num_slots
+        self.vocab_size = vocab_size
+        self.temperature = torch.zeros(rows)
+        self.top_k = torch.full((rows,), vocab_size, dtype=torch.int64)
+        self.top_p = torch.ones(rows)
+        self.min_p = torch.zeros(rows)
+        self.repetition_penalty = torch.ones(rows)
+        self.presence_penalty = torch.zeros(rows)
+        self.frequency_penalty = torch.zeros(rows)
+        self.seed = torch.zeros(rows, dtype=torch.int64)
+        self.num_generated = torch.zeros(rows, dtype=torch.int64)  # the random counter
+        self.min_tokens = torch.zeros(rows, dtype=torch.int64)
+        self.num_logprobs = torch.full((rows,), -1, dtype=torch.int64)
+        self.counts = torch.zeros(rows, vocab_size, dtype=torch.int32)      # generated tokens
+        self.prompt_mask = torch.zeros(rows, vocab_size, dtype=torch.bool)  # tokens in the prompt
+        self.stop_mask = torch.zeros(rows, vocab_size, dtype=torch.bool)    # masked under min_tokens
+        self._features = {slot: frozenset() for slot in range(rows)}
+        self._active = {"sample": 0, "repetition": 0, "penalty": 0, "min_tokens": 0, "logprobs": 0}
+        self._seed_source = torch.Generator().manual_seed(seed) if seed is not None else torch.Generator()
+        if seed is None:
+            self._seed_source.seed()
+
+    def init_slot(self, slot: int, params: SamplingParams, prompt_ids: list[int], output_ids: list[int],
+                  stop_ids: list[int], seed: int) -> None:
+        """Sets a newly seated request's row. `output_ids`: tokens it generated before (a
+        paused request being recomputed), so its counts and random counter continue."""
+        self.release_slot(slot)
+        self.temperature[slot] = float(params.temperature)
+        self.top_k[slot] = self.vocab_size if params.top_k == -1 else params.top_k
+        self.top_p[slot] = float(params.top_p)
+        self.min_p[slot] = float(params.min_p)
+        self.repetition_penalty[slot] = float(params.repetition_penalty)
+        self.presence_penalty[slot] = float(params.presence_penalty)
+        self.frequency_penalty[slot] = float(params.frequency_penalty)
+        self.seed[slot] = seed
+        self.num_generated[slot] = len(output_ids)
+        self.min_tokens[slot] = params.min_tokens
+        self.num_logprobs[slot] = -1 if params.logprobs is None else params.logprobs
+        features = set()
+        if params.temperature > 0:
+            features.add("sample")
+        # Rows of the vocab-sized tables are rewritten whole when a request uses them, so
+        # nothing a previous holder of the slot left there is ever read.
+        if params.repetition_penalty != 1:
+            features.add("repetition")
+            self.prompt_mask[slot] = False
+            self.prompt_mask[slot, torch.tensor(prompt_ids, dtype=torch.int64)] = True
+        if params.presence_penalty != 0 or params.frequency_penalty != 0:
+            features.add("penalty")
+        if params.repetition_penalty != 1 or "penalty" in features:
+            self.counts[slot] = 0
+            if output_ids:
+                self.counts[slot].index_put_((torch.tensor(output_ids, dtype=torch.int64),),
+                                             torch.ones(len(output_ids), dtype=torch.int32), accumulate=True)
+        if params.min_tokens > len(output_ids) and stop_ids:
+            features.add("min_tokens")
+            self.stop_mask[slot] = False
+            self.stop_mask[slot, torch.tensor(stop_ids, dtype=torch.int64)] = True
+        if params.logprobs is not None:
+            features.add("logprobs")
+        self._features[slot] = frozenset(features)
+        for f in features:
+            self._active[f] += 1
+
+    def release_slot(self, slot: int) -> None:
+        """Forgets a slot's request (idempotent)."""
+        for f in self._features[slot]:
+            self._active[f] -= 1
+        self._features[slot] = frozenset()
+
+    def new_seed(self) -> int:
+        """A seed for a request that did not give one."""
+        return int(torch.randint(0, 2**62, (1,), generator=self._seed_source))
+
+    @property
+    def all_greedy(self) -> bool:
+        return not any(self._active.values())
+
+    def sample(self, logits: torch.Tensor, slots: torch.Tensor) -> SampleResult:
+        """logits [n, vocab] float32 (modified in place), slots [n] -> tokens and logprobs."""
+        n = logits.shape[0]
+        if self.all_greedy:  # fast path: nothing but argmax
+            return SampleResult(torch.argmax(logits, dim=-1).to(torch.int32), [None] * n)
+        rows = slots.to(torch.int64)
+        raw_logprobs = None
+        if self._active["logprobs"]:
+            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        x = logits
+        if self._active["repetition"] or self._active["penalty"]:
+            counts = self.counts[rows]
+            if self._active["repetition"]:
+                seen = self.prompt_mask[rows] | (counts > 0)
+                x = apply_repetition_penalty(x, seen, self.repetition_penalty[rows])
+            if self._active["penalty"]:
+                x = apply_presence_frequency(x, counts, self.presence_penalty[rows], self.frequency_penalty[rows])
+        if self._active["min_tokens"]:
+            under = (self.num_generated[rows] < self.min_tokens[rows])[:, None]
+            x = x.masked_fill(self.stop_mask[rows] & under, float("-inf"))
+        tokens = torch.argmax(x, dim=-1)
+        if self._active["sample"]:
+            temperature = self.temperature[rows]
+            sampled = temperature > 0
+            if bool(sampled.any()):
+                xs = x / torch.where(sampled, temperature, torch.ones_like(temperature))[:, None]
+                top_k = self.top_k[rows]
+                if bool((top_k < self.vocab_size).any()):
+                    xs = apply_top_k(xs, top_k)
+                top_p = self.top_p[rows]
+                if bool((top_p < 1).any()):
+                    xs = apply_top_p(xs, top_p)
+                min_p = self.min_p[rows]
+                if bool((min_p > 0).any()):
+                    xs = apply_min_p(xs, min_p)
+                u = counter_uniform(self.seed[rows], self.num_generated[rows])
+                tokens = torch.where(sampled, sample_inverse_cdf(xs, u), tokens)
+        self.num_generated[rows] += 1
+        if self._active["repetition"] or self._active["penalty"]:  # rows without penalties may count too: unused
+            self.counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
+        logprobs: list[dict[int, float] | None] = [None] * n
+        if raw_logprobs is not None:
+            wanted = self.num_logprobs[rows]
+            for i in torch.nonzero(wanted >= 0).flatten().tolist():
+                logprobs[i] = top_logprobs(raw_logprobs[i], int(wanted[i]), int(tokens[i]))
+        return SampleResult(tokens.to(torch.int32), logprobs)
+
+
+def top_logprobs(row: torch.Tensor, n: int, chosen: int) -> dict[int, float]:
+    """{token: logprob} of the top-n tokens of a log-softmax row plus the chosen token."""
+    out: dict[int, float] = {}
+    if n > 0:
+        values, ids = row.topk(n)
+        out = dict(zip(ids.tolist(), values.tolist()))
+    out[chosen] = float(row[chosen])
+    return out

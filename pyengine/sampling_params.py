@@ -1,8 +1,18 @@
-"""Per-request decoding parameters."""
+"""Per-request decoding parameters (vLLM's single-sequence SamplingParams)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @dataclass
@@ -10,32 +20,85 @@ class SamplingParams:
     """How a request decodes.
 
     max_tokens: tokens to generate at most (>= 1).
-    temperature: 0 decodes greedily (argmax). Sampling with temperature > 0 is not
-        supported yet and is rejected.
-    stop_token_ids: extra token ids that end the request (the token is kept in the output).
+    min_tokens: the end-of-sequence token and `stop_token_ids` cannot be sampled before this
+        many tokens (their logits are masked), and stop strings are not checked.
+    temperature: 0 decodes greedily (argmax, after penalties); > 0 samples.
+    top_k: keep the k most likely tokens; -1 disables. 0 is rejected as ambiguous (some
+        libraries read it as "disabled", others as "nothing"): write -1.
+    top_p: keep the smallest set of most likely tokens whose probability reaches top_p, in (0, 1].
+    min_p: drop tokens less likely than min_p x the most likely one's probability, in [0, 1].
+    repetition_penalty: > 0; divides positive (multiplies negative) logits of every token in
+        the prompt or the output (transformers' definition); 1 disables.
+    presence_penalty, frequency_penalty: in [-2, 2]; subtract `presence` once and
+        `frequency x count` for each token already generated (OpenAI's definition).
+    seed: makes the request's samples reproducible, whatever it is batched with.
+    stop_token_ids: token ids that end the request (the token is kept in token_ids).
+    stop: strings that end the request when they appear in the text (found across token
+        boundaries); the text is cut before the string unless include_stop_str_in_output.
     ignore_eos: keep generating past the model's end-of-sequence token.
+    logprobs: return, for each generated token, the log-probabilities of the top-N tokens
+        plus the chosen one, under the model's raw distribution (before any transform).
+    prompt_logprobs: likewise for each prompt token (the first has none).
     skip_special_tokens: leave special tokens out of `text`.
     """
 
     max_tokens: int = 16
-    temperature: float = 0.0
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
         self.validate()
 
     def validate(self) -> None:
-        """Raises ValueError/TypeError naming the first bad field."""
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool):
+        """Raises ValueError/TypeError naming the first bad field and its value."""
+        if not _is_int(self.max_tokens):
             raise TypeError(f"max_tokens must be an int, got {self.max_tokens!r}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        if not _is_number(self.temperature) or not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if self.temperature != 0:
-            raise ValueError(f"temperature {self.temperature} is not supported yet: only greedy decoding "
-                             "(temperature=0) is implemented")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if not _is_int(self.top_k) or self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (disabled) or a positive int, got {self.top_k!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not _is_number(self.repetition_penalty) or not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _is_number(v) or not -2 <= v <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {v!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
+            raise ValueError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
+        if not isinstance(self.stop_token_ids, (list, tuple)) or any(
+                not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
+        if not isinstance(self.stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be None or an int in [0, {MAX_LOGPROBS}], got {v!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

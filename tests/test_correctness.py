@@ -42,7 +42,7 @@ def run_engine(model_dir, prompts, dtype="float32", *, max_batch_size=8, max_num
                     scheduler_config=SchedulerConfig(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens,
                                                      enable_chunked_prefill=chunked,
                                                      capacity_scheduler_policy=policy))
-    results = engine.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True), use_tqdm=False)
+    results = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True), use_tqdm=False)
     return engine, results
 
 

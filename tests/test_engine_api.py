@@ -31,7 +31,7 @@ def drain(engine: Engine) -> dict[int, list[RequestOutput]]:
 
 def test_step_outputs_stream_each_token_once(llama_dir):
     engine = make_engine(llama_dir)
-    ids = [engine.add_request(p, SamplingParams(max_tokens=10, ignore_eos=True)) for p in PROMPTS]
+    ids = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)) for p in PROMPTS]
     by_id = drain(engine)
     for rid, prompt in zip(ids, PROMPTS):
         outs = by_id[rid]
@@ -49,7 +49,7 @@ def test_step_outputs_stream_each_token_once(llama_dir):
 def test_text_prompt_and_text_output(llama_dir):
     engine = make_engine(llama_dir)
     tok = engine.tokenizer
-    out = engine.generate("The quick brown fox", SamplingParams(max_tokens=12, ignore_eos=True), use_tqdm=False)[0]
+    out = engine.generate("The quick brown fox", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)[0]
     assert out.prompt_token_ids == tok("The quick brown fox")["input_ids"]
     assert out.text == tok.decode(out.token_ids, skip_special_tokens=True)
 
@@ -59,7 +59,7 @@ def test_stop_token_ids_end_the_request(llama_dir):
     stop = expected[6]
     first = expected.index(stop)
     engine = make_engine(llama_dir)
-    out = engine.generate([PROMPTS[2]], SamplingParams(max_tokens=20, stop_token_ids=[stop]), use_tqdm=False)[0]
+    out = engine.generate([PROMPTS[2]], SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=[stop]), use_tqdm=False)[0]
     assert out.token_ids == expected[: first + 1]
     assert out.finish_reason == "stop"
     assert out.stop_reason == stop
@@ -76,11 +76,11 @@ def test_eos_stops_like_transformers(checkpoint_factory):
         cfg = json.loads((patched / "config.json").read_text())
         cfg["eos_token_id"] = eos
         (patched / "config.json").write_text(json.dumps(cfg))
-    out = make_engine(patched).generate([PROMPTS[0]], SamplingParams(max_tokens=40), use_tqdm=False)[0]
+    out = make_engine(patched).generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=40), use_tqdm=False)[0]
     ref = hf_greedy(patched, PROMPTS[0], 40, stop_at_eos=True)
     assert out.token_ids == ref == expected[: expected.index(eos) + 1]
     assert out.finish_reason == "stop"
-    ignored = make_engine(patched).generate([PROMPTS[0]], SamplingParams(max_tokens=40, ignore_eos=True),
+    ignored = make_engine(patched).generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
                                             use_tqdm=False)[0]
     assert ignored.token_ids == expected
 
@@ -88,14 +88,14 @@ def test_eos_stops_like_transformers(checkpoint_factory):
 def test_generate_returns_in_input_order(llama_dir):
     engine = make_engine(llama_dir)
     lens = [30, 3, 17, 8]
-    outs = engine.generate(PROMPTS, [SamplingParams(max_tokens=n, ignore_eos=True) for n in lens], use_tqdm=False)
+    outs = engine.generate(PROMPTS, [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lens], use_tqdm=False)
     assert [len(o.token_ids) for o in outs] == lens
     assert [o.prompt_token_ids for o in outs] == PROMPTS
 
 
 @pytest.mark.parametrize("when", ["waiting", "prefilling", "decoding"])
 def test_abort_frees_everything_and_leaves_others_unchanged(llama_dir, when):
-    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     reference = make_engine(llama_dir).generate(PROMPTS, params, use_tqdm=False)
 
     engine = make_engine(llama_dir, max_batch_size=2, max_num_tokens=16)
@@ -134,14 +134,14 @@ def _state_of(engine: Engine, rid: int) -> str:
     ([], None, ValueError, "prompt is empty"),
     ([1, 2, 512], None, ValueError, "prompt token id 512 at position 2 is outside the vocabulary"),
     ([1, -1], None, ValueError, "prompt token id -1 at position 1"),
-    ([1] * 250, SamplingParams(max_tokens=10), ValueError, "250 \\+ max_tokens 10 = 260 exceeds max_seq_len 256"),
+    ([1] * 250, SamplingParams(temperature=0.0, max_tokens=10), ValueError, "250 \\+ max_tokens 10 = 260 exceeds max_seq_len 256"),
     ([1, 2], "greedy", TypeError, "params must be SamplingParams"),
     (3.5, None, TypeError, "prompt must be a str or a sequence of token ids"),
     ([1, 2.5], None, TypeError, "prompt token ids must be ints, got 2.5"),
 ])
 def test_bad_requests_raise_before_any_state_change(llama_dir, prompt, params, error, match):
     engine = make_engine(llama_dir)
-    keep = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=4, ignore_eos=True))
+    keep = engine.add_request(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     before = engine.stats()
     with pytest.raises(error, match=match):
         engine.add_request(prompt, params)
@@ -154,7 +154,6 @@ def test_bad_requests_raise_before_any_state_change(llama_dir, prompt, params, e
     (dict(max_tokens=0), "max_tokens must be at least 1, got 0"),
     (dict(max_tokens=-3), "max_tokens must be at least 1, got -3"),
     (dict(temperature=-1.0), "temperature must be >= 0, got -1.0"),
-    (dict(temperature=0.7), "temperature 0.7 is not supported yet"),
     (dict(stop_token_ids=[-2]), "stop_token_ids must be non-negative ints"),
 ])
 def test_bad_sampling_params_are_named(kwargs, match):
@@ -164,9 +163,9 @@ def test_bad_sampling_params_are_named(kwargs, match):
 
 def test_duplicate_request_id_is_rejected(llama_dir):
     engine = make_engine(llama_dir)
-    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), request_id=7)
+    engine.add_request([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=2), request_id=7)
     with pytest.raises(ValueError, match="request_id 7 is already in use"):
-        engine.add_request([4, 5], SamplingParams(max_tokens=2), request_id=7)
+        engine.add_request([4, 5], SamplingParams(temperature=0.0, max_tokens=2), request_id=7)
     outs = drain(engine)
     assert list(outs) == [7] and outs[7][-1].prompt_token_ids == [1, 2, 3]
 
@@ -174,9 +173,9 @@ def test_duplicate_request_id_is_rejected(llama_dir):
 def test_a_failed_generate_queues_nothing(llama_dir):
     engine = make_engine(llama_dir)
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        engine.generate([[1, 2], [3, 4], [9999]], SamplingParams(max_tokens=3), use_tqdm=False)
+        engine.generate([[1, 2], [3, 4], [9999]], SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False)
     assert not engine.has_unfinished_requests()
-    assert engine.generate([[1, 2]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)[0].token_ids
+    assert engine.generate([[1, 2]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), use_tqdm=False)[0].token_ids
 
 
 def test_unknown_model_type_is_named(llama_dir, tmp_path):
@@ -227,6 +226,6 @@ def test_bad_engine_configuration_is_named(llama_dir):
 
 def test_shutdown_and_context_manager(llama_dir):
     with make_engine(llama_dir) as engine:
-        engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
+        engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
     with pytest.raises(RuntimeError, match="shut down"):
         engine.step()

@@ -224,6 +224,14 @@ void BatchManager::update(const TokenId* tokens, int32_t num_tokens, double now)
   batch_.clear();
 }
 
+bool BatchManager::finish_request(RequestId id, FinishReason reason, double now) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || !it->second->in_generation()) return false;
+  it->second->finish(reason, now);
+  finished_.push_back(it->second.get());
+  return true;
+}
+
 void BatchManager::free_finished() {
   for (Request* r : finished_) {
     resources_.free(*r);

@@ -87,6 +87,26 @@ TEST(stop_conditions_end_id_stop_tokens_and_min_tokens) {
   CHECK(!bm.has_unfinished());
 }
 
+TEST(the_caller_can_end_a_generating_request) {
+  BatchManager bm(small_config());
+  std::vector<TokenId> p{1, 2};
+  bm.add_request(1, p.data(), 2, 10, -1, {}, 0, 0.0);
+  bm.add_request(2, p.data(), 2, 10, -1, {}, 0, 0.0);
+  CHECK(!bm.finish_request(1, FinishReason::kStopString, 0.0));  // still waiting
+  const ForwardMetadata& m = bm.schedule(0);
+  std::vector<TokenId> t(m.num_logits, 4);
+  bm.update(t.data(), m.num_logits, 0);
+  CHECK(bm.finish_request(1, FinishReason::kStopString, 1.0));
+  CHECK(!bm.finish_request(1, FinishReason::kStopString, 1.0));  // already finished
+  CHECK(!bm.finish_request(99, FinishReason::kStopString, 1.0));
+  bm.free_finished();
+  CHECK(!bm.contains(1));
+  CHECK(bm.contains(2));
+  CHECK_EQ(bm.kv_cache().num_free_blocks(), 15);
+  CHECK_EQ(bm.seq_slots().num_free(), 3);
+  bm.check_invariants();
+}
+
 TEST(bad_requests_raise_and_change_nothing) {
   BatchManager bm(small_config());
   std::vector<TokenId> p{1, 2, 3};

@@ -89,6 +89,10 @@ class BatchManager {
   // `tokens`: one per logits row of the last schedule(). Throws std::invalid_argument if
   // `num_tokens` differs from the batch's logits rows.
   void update(const TokenId* tokens, int32_t num_tokens, double now);
+  // Ends a request that is generating, for a reason found by the caller (a stop string):
+  // it is retired by the next free_finished(). Returns false (changing nothing) if the
+  // request is unknown or not generating.
+  bool finish_request(RequestId id, FinishReason reason, double now);
   // Retires the requests finished by the last update(): KV blocks, then slot.
   void free_finished();
 

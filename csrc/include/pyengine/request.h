@@ -20,6 +20,7 @@ enum class FinishReason : int32_t {
   kStopToken = 2,  // sampled one of the stop token ids ("stop")
   kLength = 3,     // reached max_new_tokens ("length")
   kAbort = 4,      // aborted by the caller ("abort")
+  kStopString = 5, // the caller found a stop string in the text ("stop")
 };
 
 struct Request {

@@ -1,0 +1,94 @@
+"""The Python side of a request: its text, stop strings, logprobs and outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyengine.detokenizer import IncrementalDetokenizer
+from pyengine.outputs import RequestMetrics, RequestOutput
+from pyengine.sampling_params import SamplingParams
+
+
+def find_stop_string(text: str, start: int, stops: list[str]) -> tuple[int, str] | None:
+    """The earliest stop string that ends at or after `start` in text: (index, string)."""
+    best: tuple[int, str] | None = None
+    for s in stops:
+        i = text.find(s, max(0, start - len(s) + 1))
+        if i >= 0 and (best is None or i < best[0]):
+            best = (i, s)
+    return best
+
+
+def partial_stop_suffix(text: str, stops: list[str]) -> int:
+    """Length of the longest end of `text` that begins some stop string (held back from
+    streaming until it is known whether the stop string completes)."""
+    longest = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), longest, -1):
+            if text.endswith(s[:n]):
+                longest = n
+                break
+    return longest
+
+
+@dataclass
+class RequestState:
+    request_id: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    stop_ids: list[int]            # masked while min_tokens is not reached
+    detokenizer: IncrementalDetokenizer
+    metrics: RequestMetrics
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    text: str = ""                 # what the user has been shown (cut at a stop string)
+    stop_reason: int | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.params.logprobs is not None:
+            self.logprobs = []
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]  # the first prompt token has no logprob
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
+
+    def append_token(self, token: int, logprobs: dict[int, float] | None, final: bool) -> tuple[str, bool]:
+        """Adds a generated token; returns (new visible text, whether a stop string ended it)."""
+        self.token_ids.append(token)
+        if self.logprobs is not None and logprobs is not None:
+            self.logprobs.append(logprobs)
+        before = len(self.text)
+        self.detokenizer.add([token], final=final)
+        full = self.detokenizer.text
+        stops = self.params.stop
+        if stops and len(self.token_ids) >= self.params.min_tokens:
+            hit = find_stop_string(full, before, stops)
+            if hit is not None:
+                index, s = hit
+                self.text = full[: index + len(s)] if self.params.include_stop_str_in_output else full[:index]
+                self.stop_reason = s
+                return self.text[before:], True
+            if not final:  # hold back what may be the start of a stop string
+                full = full[: len(full) - partial_stop_suffix(full, stops)]
+        self.text = full if len(full) > before or final else self.text
+        return self.text[before:], False
+
+    def output(self, new_token_ids: list[int], new_text: str, finished: bool,
+               finish_reason: str | None) -> RequestOutput:
+        return RequestOutput(request_id=self.request_id, prompt_token_ids=self.prompt_token_ids,
+                             token_ids=list(self.token_ids), new_token_ids=new_token_ids, text=self.text,
+                             new_text=new_text, finished=finished, finish_reason=finish_reason,
+                             stop_reason=self.stop_reason if finished else None,
+                             logprobs=None if self.logprobs is None else list(self.logprobs),
+                             prompt_logprobs=self.prompt_logprobs, metrics=self.metrics)
+
+
+def metrics_from_core(m: dict[str, Any]) -> RequestMetrics:
+    return RequestMetrics(arrival_time=m["arrival_time"], first_scheduled_time=m["first_scheduled_time"],
+                          first_token_time=m["first_token_time"], finish_time=m["finish_time"],
+                          num_pauses=m["num_pauses"])
