@@ -2,9 +2,15 @@
 # The forward metadata lives in C++ buffers allocated once; they are exposed as writable
 # memoryviews that the Python side wraps once with torch.frombuffer (zero copy).
 
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libcpp cimport bool as cbool
 from libcpp.vector cimport vector
+
+
+cdef extern from "pyengine/waiting_queue.h" namespace "pyengine":
+    cpdef enum class QueuePolicy(int32_t):
+        kFcfs
+        kPriority
 
 
 cdef extern from "pyengine/types.h" namespace "pyengine":
@@ -31,6 +37,7 @@ cdef extern from "pyengine/request.h" namespace "pyengine":
         int32_t context_len
         int32_t seq_slot
         int32_t num_pauses
+        int32_t num_reused_tokens
         double arrival_time
         double first_scheduled_time
         double first_token_time
@@ -43,6 +50,7 @@ cdef extern from "pyengine/kv_cache_manager.h" namespace "pyengine":
         int32_t num_blocks()
         int32_t num_free_blocks()
         int32_t num_used_blocks()
+        int32_t num_reusable_blocks()
         int32_t tokens_per_block()
         const vector[int32_t]& block_table(int64_t) except +
 
@@ -65,6 +73,8 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         cbool enable_chunked_context
         CapacitySchedulerPolicy policy
         int32_t vocab_size
+        cbool enable_block_reuse
+        QueuePolicy queue_policy
 
     cdef cppclass ForwardMetadata:
         int32_t num_tokens
@@ -94,7 +104,7 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
     cdef cppclass BatchManager:
         BatchManager(const BatchManagerConfig&) except +
         void add_request(int64_t, const int32_t*, int32_t, int32_t, int32_t, const vector[int32_t]&,
-                         int32_t, double) except +
+                         int32_t, double, float, uint64_t) except +
         cbool abort_request(int64_t)
         cbool remove_waiting(int64_t)
         const ForwardMetadata& schedule(double) except +
@@ -105,6 +115,8 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         int32_t num_requests()
         int32_t num_waiting()
         int32_t num_active()
+        int64_t total_reused_tokens()
+        int64_t num_reuse_hits()
         cbool contains(int64_t)
         const CRequest& request(int64_t) except +
         const ForwardMetadata& metadata()
@@ -122,6 +134,8 @@ cdef object _i64_view(vector[int64_t]& v):
     return <int64_t[:v.size()]> v.data()
 
 
+QUEUE_POLICIES = {"fcfs": QueuePolicy.kFcfs, "priority": QueuePolicy.kPriority}
+
 POLICIES = {
     "guaranteed_no_evict": CapacitySchedulerPolicy.kGuaranteedNoEvict,
     "max_utilization": CapacitySchedulerPolicy.kMaxUtilization,
@@ -138,9 +152,11 @@ cdef class CoreBatchManager:
     def __cinit__(self, *, int max_batch_size, int max_num_tokens, int max_seq_len,
                   int tokens_per_block, int num_blocks, int num_seq_slots=0,
                   bint enable_chunked_context=True, str policy="guaranteed_no_evict",
-                  int vocab_size=0):
+                  int vocab_size=0, bint enable_block_reuse=False, str queue_policy="fcfs"):
         if policy not in POLICIES:
             raise ValueError(f"capacity_scheduler_policy must be one of {sorted(POLICIES)}, got {policy!r}")
+        if queue_policy not in QUEUE_POLICIES:
+            raise ValueError(f"queue_policy must be one of {sorted(QUEUE_POLICIES)}, got {queue_policy!r}")
         cdef BatchManagerConfig c
         c.max_batch_size = max_batch_size
         c.max_num_tokens = max_num_tokens
@@ -151,6 +167,8 @@ cdef class CoreBatchManager:
         c.enable_chunked_context = enable_chunked_context
         c.policy = <CapacitySchedulerPolicy> POLICIES[policy]
         c.vocab_size = vocab_size
+        c.enable_block_reuse = enable_block_reuse
+        c.queue_policy = <QueuePolicy> QUEUE_POLICIES[queue_policy]
         self.bm = new BatchManager(c)
         cdef ForwardMetadata* m = <ForwardMetadata*> &self.bm.metadata()
         self.buffers = {
@@ -171,11 +189,12 @@ cdef class CoreBatchManager:
         del self.bm
 
     def add_request(self, int64_t request_id, const int32_t[::1] prompt, int max_new_tokens,
-                    int end_id=-1, stop_token_ids=(), int min_new_tokens=0, double now=0.0):
+                    int end_id=-1, stop_token_ids=(), int min_new_tokens=0, double now=0.0,
+                    float priority=0.5, uint64_t cache_salt=0):
         cdef vector[int32_t] stops = list(stop_token_ids)
         cdef const int32_t* ptr = &prompt[0] if prompt.shape[0] > 0 else NULL
         self.bm.add_request(request_id, ptr, prompt.shape[0], max_new_tokens, end_id, stops,
-                            min_new_tokens, now)
+                            min_new_tokens, now, priority, cache_salt)
 
     def abort_request(self, int64_t request_id) -> bool:
         return self.bm.abort_request(request_id)
@@ -221,6 +240,7 @@ cdef class CoreBatchManager:
             "first_token_time": r.first_token_time,
             "finish_time": r.finish_time,
             "num_pauses": r.num_pauses,
+            "num_reused_tokens": r.num_reused_tokens,
             "stop_token": r.stop_token,
             "seq_slot": r.seq_slot,
         }
@@ -267,6 +287,18 @@ cdef class CoreBatchManager:
     @property
     def num_free_blocks(self) -> int:
         return self.bm.kv_cache().num_free_blocks()
+
+    @property
+    def num_reusable_blocks(self) -> int:
+        return self.bm.kv_cache().num_reusable_blocks()
+
+    @property
+    def total_reused_tokens(self) -> int:
+        return self.bm.total_reused_tokens()
+
+    @property
+    def num_reuse_hits(self) -> int:
+        return self.bm.num_reuse_hits()
 
     @property
     def num_slots(self) -> int:

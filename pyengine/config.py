@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CAPACITY_POLICIES = ("guaranteed_no_evict", "max_utilization", "static_batch")
+QUEUE_POLICIES = ("fcfs", "priority")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -18,12 +19,15 @@ class KvCacheConfig:
     free_memory_fraction: share of the available memory the pool may take when
         `max_tokens` is None.
     dtype: storage dtype of K and V; "auto" follows the model's dtype.
+    enable_block_reuse: requests sharing a prefix share its full KV blocks (prefix caching);
+        freed blocks stay reusable until their memory is needed (least recently used first).
     """
 
     tokens_per_block: int = 16
     max_tokens: int | None = None
     free_memory_fraction: float = 0.5
     dtype: str = "auto"
+    enable_block_reuse: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens_per_block, int) or self.tokens_per_block < 1:
@@ -47,12 +51,16 @@ class SchedulerConfig:
     capacity_scheduler_policy: "guaranteed_no_evict" (reserve KV blocks to completion),
         "max_utilization" (admit greedily, pause and recompute the latest request when
         blocks run out) or "static_batch" (admit only when nothing runs).
+    queue_policy: "fcfs" (arrival order) or "priority" (higher `priority` of add_request
+        first, arrival order among equals; under max_utilization the lowest-priority running
+        request is the one paused).
     """
 
     max_batch_size: int = 64
     max_num_tokens: int = 2048
     enable_chunked_prefill: bool = True
     capacity_scheduler_policy: str = "guaranteed_no_evict"
+    queue_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
@@ -62,3 +70,5 @@ class SchedulerConfig:
         if self.capacity_scheduler_policy not in CAPACITY_POLICIES:
             raise ValueError(f"capacity_scheduler_policy must be one of {CAPACITY_POLICIES}, "
                              f"got {self.capacity_scheduler_policy!r}")
+        if self.queue_policy not in QUEUE_POLICIES:
+            raise ValueError(f"queue_policy must be one of {QUEUE_POLICIES}, got {self.queue_policy!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import hashlib
 import itertools
 import logging
 import math
@@ -40,6 +41,20 @@ def _parse_dtype(dtype: str | torch.dtype, what: str) -> torch.dtype:
     if dtype in DTYPES:
         return DTYPES[dtype]
     raise ValueError(f"{what} must be one of {sorted(DTYPES)}, got {dtype!r}")
+
+
+def compute_max_num_sequences(max_batch_size: int, overlap: bool) -> int:
+    """The seat pool: one seat per batch row, twice that with the overlap loop so that a
+    retiring request and its replacement can hold seats at once."""
+    return max_batch_size * (2 if overlap else 1)
+
+
+def cache_salt_key(salt: str | bytes | None) -> int:
+    """A stable non-zero 64-bit key for a cache salt (0 means no salt)."""
+    if salt is None:
+        return 0
+    data = salt.encode() if isinstance(salt, str) else bytes(salt)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") or 1
 
 
 def _available_memory_bytes() -> int:
@@ -98,6 +113,10 @@ class Engine:
             budget = int(_available_memory_bytes() * kc.free_memory_fraction)
             wanted = sc.max_batch_size * math.ceil(max_seq_len / tpb)  # every seat at full length
             num_blocks = min(wanted, budget // (bytes_per_token * tpb))
+        num_seats = compute_max_num_sequences(sc.max_batch_size, overlap=False)
+        if num_blocks < num_seats:
+            raise ValueError(f"the KV pool ({num_blocks} blocks) cannot cover the seat pool ({num_seats} sequence "
+                             f"slots, one block each at least): raise KvCacheConfig.max_tokens or lower max_batch_size")
         if num_blocks * tpb < max_seq_len:
             raise ValueError(f"the KV pool holds {num_blocks * tpb} tokens ({num_blocks} blocks of {tpb}), "
                              f"fewer than max_seq_len={max_seq_len}: raise KvCacheConfig.max_tokens or lower max_seq_len")
@@ -105,7 +124,8 @@ class Engine:
         self._bm = CoreBatchManager(
             max_batch_size=sc.max_batch_size, max_num_tokens=sc.max_num_tokens, max_seq_len=max_seq_len,
             tokens_per_block=tpb, num_blocks=num_blocks, enable_chunked_context=sc.enable_chunked_prefill,
-            policy=sc.capacity_scheduler_policy, vocab_size=mc.vocab_size)
+            policy=sc.capacity_scheduler_policy, vocab_size=mc.vocab_size, num_seq_slots=num_seats,
+            enable_block_reuse=kc.enable_block_reuse, queue_policy=sc.queue_policy)
         self._runner = ModelRunner(model_obj, self._bm, sc.max_batch_size, num_blocks, tpb, kv_dtype)
         logger.info("pyengine: %s (%s, %d layers) in %s; KV pool %d blocks x %d tokens (%.1f MiB, %s)",
                     self.model_dir, mc.model_type, mc.num_layers, self.dtype, num_blocks, tpb,
@@ -147,10 +167,15 @@ class Engine:
         raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
-                    request_id: int | None = None) -> int:
+                    request_id: int | None = None, priority: float = 0.5,
+                    cache_salt: str | bytes | None = None) -> int:
         """Queues a request; returns its id. Raises ValueError/TypeError, changing nothing,
         for bad input (empty prompt, token id outside the vocabulary, prompt + max_tokens
-        beyond max_seq_len, invalid parameters, an id already in use)."""
+        beyond max_seq_len, invalid parameters, an id already in use).
+
+        priority: higher starts first under SchedulerConfig(queue_policy="priority").
+        cache_salt: requests share prefix-cache blocks only with requests of the same salt.
+        """
         self._check_open()
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
@@ -170,9 +195,13 @@ class Engine:
         eos = [] if params.ignore_eos else list(self.model_config.eos_token_ids)
         end_id = eos[0] if eos else -1
         stops = list(params.stop_token_ids) + eos[1:]
+        if not isinstance(priority, (int, float)) or isinstance(priority, bool) or not math.isfinite(priority):
+            raise ValueError(f"priority must be a finite number, got {priority!r}")
+        if cache_salt is not None and not isinstance(cache_salt, (str, bytes)):
+            raise TypeError(f"cache_salt must be a str or bytes, got {type(cache_salt).__name__}")
         now = time.monotonic()
         self._bm.add_request(request_id, array.array("i", ids), params.max_tokens, end_id, stops,
-                             params.min_tokens, now)
+                             params.min_tokens, now, float(priority), cache_salt_key(cache_salt))
         self._finished_ids.discard(request_id)
         state = RequestState(
             request_id=request_id, prompt_token_ids=ids, params=params,
@@ -366,7 +395,9 @@ class Engine:
         bm = self._bm
         return {"num_requests": bm.num_requests, "num_waiting": bm.num_waiting, "num_active": bm.num_active,
                 "num_blocks": bm.num_blocks, "num_free_blocks": bm.num_free_blocks,
-                "num_slots": bm.num_slots, "num_free_slots": bm.num_free_slots}
+                "num_reusable_blocks": bm.num_reusable_blocks, "num_slots": bm.num_slots,
+                "num_free_slots": bm.num_free_slots, "total_reused_tokens": bm.total_reused_tokens,
+                "num_reuse_hits": bm.num_reuse_hits}
 
     def check_resources(self) -> None:
         """Checks the pools' invariants and, when no request is left, that every block and

@@ -13,7 +13,8 @@ class RequestMetrics:
     first_scheduled_time: float = -1.0
     first_token_time: float = -1.0
     finish_time: float = -1.0
-    num_pauses: int = 0
+    num_pauses: int = 0          # times it was paused and recomputed
+    num_reused_tokens: int = 0   # prompt tokens whose KV came from the prefix cache
 
     @property
     def time_to_first_token(self) -> float | None:

@@ -91,4 +91,4 @@ class RequestState:
 def metrics_from_core(m: dict[str, Any]) -> RequestMetrics:
     return RequestMetrics(arrival_time=m["arrival_time"], first_scheduled_time=m["first_scheduled_time"],
                           first_token_time=m["first_token_time"], finish_time=m["finish_time"],
-                          num_pauses=m["num_pauses"])
+                          num_pauses=m["num_pauses"], num_reused_tokens=m["num_reused_tokens"])

@@ -219,7 +219,7 @@ def test_bad_engine_configuration_is_named(llama_dir):
     with pytest.raises(ValueError, match="capacity_scheduler_policy must be one of"):
         SchedulerConfig(capacity_scheduler_policy="fastest")
     with pytest.raises(ValueError, match="fewer than max_seq_len=1024"):
-        Engine(llama_dir, kv_cache_config=KvCacheConfig(max_tokens=64))
+        Engine(llama_dir, kv_cache_config=KvCacheConfig(max_tokens=64), scheduler_config=SchedulerConfig(max_batch_size=2))
     with pytest.raises(ValueError, match="max_seq_len must be in"):
         Engine(llama_dir, max_seq_len=5000)
 

@@ -25,15 +25,18 @@ void clear_events(StepEvents& e) {
 
 BatchManager::BatchManager(const BatchManagerConfig& config)
     : config_(config),
-      kv_(config.num_blocks, config.tokens_per_block),
+      kv_(config.num_blocks, config.tokens_per_block, config.enable_block_reuse),
       slots_(config.num_seq_slots > 0 ? config.num_seq_slots : config.max_batch_size),
-      capacity_(config.policy, slots_.num_slots(), config.enable_chunked_context),
+      capacity_(config.policy, slots_.num_slots(), config.enable_chunked_context, config.queue_policy),
       micro_batch_(config.max_batch_size, config.max_num_tokens, config.enable_chunked_context,
-                   config.tokens_per_block) {
+                   config.tokens_per_block),
+      waiting_(config.queue_policy) {
   if (config.max_seq_len <= 0)
     throw std::invalid_argument("max_seq_len must be positive, got " + str(config.max_seq_len));
   resources_.add(std::make_unique<SeqSlotResourceManager>(slots_));
-  resources_.add(std::make_unique<KvCacheResourceManager>(kv_, config.tokens_per_block));
+  auto kv_resource = std::make_unique<KvCacheResourceManager>(kv_, config.tokens_per_block);
+  kv_resource_ = kv_resource.get();
+  resources_.add(std::move(kv_resource));
 
   meta_.max_blocks_per_seq = kv_.blocks_for_tokens(config.max_seq_len);
   const size_t T = config.max_num_tokens, B = config.max_batch_size;
@@ -53,7 +56,7 @@ BatchManager::BatchManager(const BatchManagerConfig& config)
 void BatchManager::add_request(RequestId id, const TokenId* prompt, int32_t prompt_len,
                                int32_t max_new_tokens, TokenId end_id,
                                const std::vector<TokenId>& stop_token_ids, int32_t min_new_tokens,
-                               double now) {
+                               double now, float priority, uint64_t cache_salt) {
   if (requests_.count(id)) throw std::invalid_argument("request_id " + str(id) + " is already in use");
   if (prompt_len <= 0 || prompt == nullptr) throw std::invalid_argument("prompt is empty");
   if (config_.vocab_size > 0)
@@ -85,7 +88,10 @@ void BatchManager::add_request(RequestId id, const TokenId* prompt, int32_t prom
   }
   auto req = std::make_unique<Request>(id, std::vector<TokenId>(prompt, prompt + prompt_len), max_new_tokens,
                                        end_id, stop_token_ids, min_new_tokens, now);
-  waiting_.push_back(req.get());
+  req->priority = priority;
+  req->cache_root = KvCacheManager::root_key(cache_salt);
+  if (kv_.reuse_enabled()) req->update_block_keys(kv_.tokens_per_block());
+  waiting_.push(req.get());
   requests_.emplace(id, std::move(req));
 }
 
@@ -102,7 +108,7 @@ bool BatchManager::remove_waiting(RequestId id) {
   if (it == requests_.end() || it->second->state != RequestState::kWaiting || it->second->seq_slot >= 0 ||
       kv_.has_sequence(id))
     return false;
-  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), it->second.get()), waiting_.end());
+  waiting_.erase(it->second.get());
   requests_.erase(it);
   return true;
 }
@@ -129,7 +135,7 @@ void BatchManager::drop_aborted() {
     events_.aborted_slots.push_back(r->seq_slot);
     resources_.free(*r);  // KV, then slot
     remove_active(r);
-    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), r), waiting_.end());
+    waiting_.erase(r);
     requests_.erase(r->id);
   }
 }
@@ -138,7 +144,7 @@ const ForwardMetadata& BatchManager::schedule(double now) {
   clear_events(events_);
   drop_aborted();
 
-  CapacitySchedule cap = capacity_.schedule(active_, waiting_, kv_);
+  CapacitySchedule cap = capacity_.schedule(active_, waiting_.requests(), kv_);
   // Pause: free first, then requeue at the front (earliest started ends up first).
   for (Request* r : cap.paused) {
     events_.paused.push_back(r->id);
@@ -149,13 +155,13 @@ const ForwardMetadata& BatchManager::schedule(double now) {
   }
   for (Request* r : cap.paused) waiting_.push_front(r);
   for (Request* r : cap.admitted) {
-    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r));
+    waiting_.erase(r);
     r->state = RequestState::kContextInProgress;
     r->start_order = start_counter_++;
     active_.push_back(r);
   }
 
-  batch_ = micro_batch_.schedule(active_);
+  batch_ = micro_batch_.schedule(active_, kv_);
   for (Request* r : batch_)
     if (r->seq_slot < 0) events_.new_seated.push_back(r->id);
   resources_.prepare(batch_);
@@ -209,12 +215,19 @@ void BatchManager::update(const TokenId* tokens, int32_t num_tokens, double now)
   int32_t k = 0;
   for (Request* r : batch_) {
     r->context_pos += r->chunk_size;
+    const int32_t full_blocks = r->context_pos / kv_.tokens_per_block();
+    if (kv_.reuse_enabled() && full_blocks > r->num_cached_blocks) {
+      r->update_block_keys(kv_.tokens_per_block());
+      kv_.cache_blocks(r->id, r->block_keys, r->tokens, r->cache_root, full_blocks);
+      r->num_cached_blocks = full_blocks;
+    }
     if (r->in_context()) {
       if (r->context_pos < r->context_len) continue;  // more chunks to go: no token yet
       r->state = RequestState::kGenerationInProgress;
     }
     const TokenId t = tokens[k++];
     const bool done = r->append_token(t, now);
+    if (kv_.reuse_enabled()) r->update_block_keys(kv_.tokens_per_block());
     events_.output_request_ids.push_back(r->id);
     events_.tokens.push_back(t);
     events_.finished.push_back(done ? 1 : 0);

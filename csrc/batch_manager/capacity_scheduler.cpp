@@ -5,27 +5,33 @@
 
 namespace pyengine {
 
+KvCacheManager::ReuseProbe probe_reuse(const Request& r, const KvCacheManager& kv) {
+  if (!kv.reuse_enabled() || kv.has_sequence(r.id) || r.in_generation()) return {};
+  return kv.probe_reuse(r.block_keys, r.tokens, r.cache_root, r.max_reusable_blocks(kv.tokens_per_block()));
+}
+
 CapacityScheduler::CapacityScheduler(CapacitySchedulerPolicy policy, int32_t max_num_sequences,
-                                     bool enable_chunked_context)
-    : policy_(policy), max_num_sequences_(max_num_sequences), enable_chunked_context_(enable_chunked_context) {
+                                     bool enable_chunked_context, QueuePolicy queue_policy)
+    : policy_(policy),
+      max_num_sequences_(max_num_sequences),
+      enable_chunked_context_(enable_chunked_context),
+      queue_policy_(queue_policy) {
   if (max_num_sequences <= 0)
     throw std::invalid_argument("max_num_sequences must be positive, got " +
                                 std::to_string(max_num_sequences));
 }
 
 int32_t CapacityScheduler::step_blocks_needed(const Request& r, const KvCacheManager& kv) const {
-  int32_t target;
-  if (r.in_generation()) {
-    target = r.context_pos + 1;
-  } else {
-    const int32_t rest = r.context_remaining();
-    target = r.context_pos + (enable_chunked_context_ ? std::min(rest, kv.tokens_per_block()) : rest);
-  }
-  return kv.blocks_needed(r.id, target);
+  if (r.in_generation()) return kv.blocks_needed(r.id, r.context_pos + 1);
+  const KvCacheManager::ReuseProbe reuse = probe_reuse(r, kv);
+  const int32_t start = std::max(r.context_pos, reuse.blocks * kv.tokens_per_block());
+  const int32_t rest = r.context_len - start;
+  const int32_t target = start + (enable_chunked_context_ ? std::min(rest, kv.tokens_per_block()) : rest);
+  return kv.blocks_needed(r.id, target) - reuse.in_use;
 }
 
 int32_t CapacityScheduler::completion_blocks_needed(const Request& r, const KvCacheManager& kv) const {
-  return kv.blocks_needed(r.id, r.tokens_at_completion());
+  return kv.blocks_needed(r.id, r.tokens_at_completion()) - probe_reuse(r, kv).in_use;
 }
 
 CapacitySchedule CapacityScheduler::schedule(const std::vector<Request*>& active,
@@ -67,6 +73,8 @@ CapacitySchedule CapacityScheduler::schedule_max_utilization(const std::vector<R
                                                              const KvCacheManager& kv) const {
   CapacitySchedule out;
   std::vector<Request*> kept = active;
+  if (queue_policy_ == QueuePolicy::kPriority)  // the back of `kept` is paused first
+    std::stable_sort(kept.begin(), kept.end(), [](const Request* a, const Request* b) { return a->priority > b->priority; });
   int64_t available = kv.num_free_blocks();
   size_t i = 0;
   while (i < kept.size()) {
@@ -75,11 +83,11 @@ CapacitySchedule CapacityScheduler::schedule_max_utilization(const std::vector<R
     while (need > available && kept.size() - 1 > i) {
       Request* victim = kept.back();
       kept.pop_back();
-      available += kv.num_blocks_of(victim->id);
+      available += kv.num_exclusive_blocks_of(victim->id);
       out.paused.push_back(victim);
     }
     if (need > available) {  // it is the most recent one left: pause it
-      available += kv.num_blocks_of(kept[i]->id);
+      available += kv.num_exclusive_blocks_of(kept[i]->id);
       out.paused.push_back(kept[i]);
       kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(i));
       continue;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <unordered_set>
 
 namespace pyengine {
 
@@ -23,7 +24,8 @@ MicroBatchScheduler::MicroBatchScheduler(int32_t max_batch_size, int32_t max_num
                                 ") with chunked context");
 }
 
-std::vector<Request*> MicroBatchScheduler::schedule(const std::vector<Request*>& fitting) const {
+std::vector<Request*> MicroBatchScheduler::schedule(const std::vector<Request*>& fitting,
+                                                   const KvCacheManager& kv) const {
   std::vector<Request*> batch;
   int32_t budget = max_num_tokens_;
   for (Request* r : fitting) {
@@ -34,10 +36,23 @@ std::vector<Request*> MicroBatchScheduler::schedule(const std::vector<Request*>&
     budget -= 1;
     batch.push_back(r);
   }
+  const int32_t tpb = kv.tokens_per_block();
+  std::unordered_set<uint64_t> in_flight;  // keys of blocks this batch's context chunks complete
   for (Request* r : fitting) {
     if (r->in_generation()) continue;
     if (static_cast<int32_t>(batch.size()) >= max_batch_size_) break;
-    const int32_t rest = r->context_remaining();
+    int32_t start = r->context_pos;
+    r->planned_reuse_blocks = 0;
+    if (kv.reuse_enabled() && !kv.has_sequence(r->id)) {
+      const int32_t reusable = probe_reuse(*r, kv).blocks;
+      const size_t next = static_cast<size_t>(reusable);
+      if (static_cast<int32_t>(next) < r->max_reusable_blocks(tpb) && next < r->block_keys.size() &&
+          in_flight.count(r->block_keys[next]))
+        continue;  // another request computes that block now: reuse it next step
+      r->planned_reuse_blocks = reusable;
+      start = reusable * tpb;
+    }
+    const int32_t rest = r->context_len - start;
     int32_t chunk;
     if (rest <= budget) {
       chunk = rest;
@@ -50,6 +65,8 @@ std::vector<Request*> MicroBatchScheduler::schedule(const std::vector<Request*>&
     r->chunk_size = chunk;
     budget -= chunk;
     batch.push_back(r);
+    for (int32_t b = start / tpb; b < (start + chunk) / tpb && b < static_cast<int32_t>(r->block_keys.size()); ++b)
+      in_flight.insert(r->block_keys[b]);
   }
   return batch;
 }

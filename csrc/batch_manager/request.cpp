@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "pyengine/kv_cache_manager.h"
+
 namespace pyengine {
 
 Request::Request(RequestId id_, std::vector<TokenId> prompt, int32_t max_new_tokens_, TokenId end_id_,
@@ -16,6 +18,15 @@ Request::Request(RequestId id_, std::vector<TokenId> prompt, int32_t max_new_tok
       context_len(static_cast<int32_t>(tokens.size())),
       arrival_time(arrival_time_) {}
 
+void Request::update_block_keys(int32_t tokens_per_block) {
+  const size_t full = tokens.size() / static_cast<size_t>(tokens_per_block);
+  while (block_keys.size() < full) {
+    const uint64_t parent = block_keys.empty() ? cache_root : block_keys.back();
+    block_keys.push_back(KvCacheManager::block_key(
+        parent, tokens.data() + block_keys.size() * static_cast<size_t>(tokens_per_block), tokens_per_block));
+  }
+}
+
 void Request::reset_for_recompute() {
   state = RequestState::kWaiting;
   context_len = num_tokens();
@@ -23,6 +34,8 @@ void Request::reset_for_recompute() {
   chunk_size = 0;
   seq_slot = -1;
   start_order = -1;
+  num_cached_blocks = 0;
+  planned_reuse_blocks = 0;
   ++num_pauses;
 }
 

@@ -15,7 +15,22 @@ void SeqSlotResourceManager::free(Request& r) {
 }
 
 void KvCacheResourceManager::prepare(std::vector<Request*>& batch) {
-  // Generation rows first: the capacity scheduler guaranteed their block.
+  // New tables before any allocation, so no block they plan to reuse is evicted first.
+  for (Request* r : batch) {
+    if (kv_.has_sequence(r->id)) continue;
+    const int32_t reused = kv_.add_sequence_with_reuse(r->id, r->block_keys, r->tokens, r->cache_root,
+                                                       r->planned_reuse_blocks);
+    if (reused > 0) {
+      r->context_pos = reused * kv_.tokens_per_block();
+      r->num_reused_tokens += r->context_pos;
+      total_reused_tokens_ += r->context_pos;
+      ++num_reuse_hits_;
+    }
+    if (r->context_pos + r->chunk_size > r->context_len) r->chunk_size = r->context_len - r->context_pos;
+    if (r->context_pos + r->chunk_size < r->context_len) r->chunk_size = r->chunk_size / chunk_unit_ * chunk_unit_;
+    r->planned_reuse_blocks = 0;
+  }
+  // Generation rows next: the capacity scheduler guaranteed their block.
   for (Request* r : batch) {
     if (!r->in_generation()) continue;
     if (!kv_.has_sequence(r->id)) kv_.add_sequence(r->id);

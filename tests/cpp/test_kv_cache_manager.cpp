@@ -3,7 +3,7 @@
 
 using namespace pyengine;
 
-TEST(blocks_come_from_a_fifo_free_list) {
+TEST(blocks_come_from_the_head_of_the_free_queue) {
   KvCacheManager kv(8, 4);
   CHECK_EQ(kv.num_free_blocks(), 8);
   kv.add_sequence(1);
@@ -16,11 +16,11 @@ TEST(blocks_come_from_a_fifo_free_list) {
   CHECK_EQ(kv.block_table(2), (std::vector<BlockId>{3, 4}));
   CHECK_EQ(kv.num_free_blocks(), 3);
   CHECK_EQ(kv.num_used_blocks(), 5);
-  kv.remove_sequence(1);  // 0, 1, 2 go to the tail of the free list
+  kv.remove_sequence(1);  // 0, 1, 2 go to the tail of the free queue, tail block first
   CHECK_EQ(kv.num_free_blocks(), 6);
   kv.add_sequence(3);
   kv.add_tokens(3, 16);
-  CHECK_EQ(kv.block_table(3), (std::vector<BlockId>{5, 6, 7, 0}));
+  CHECK_EQ(kv.block_table(3), (std::vector<BlockId>{5, 6, 7, 2}));
   kv.check_invariants();
   kv.remove_sequence(2);
   kv.remove_sequence(3);

@@ -20,6 +20,7 @@
 #include "pyengine/resource_manager.h"
 #include "pyengine/scheduler.h"
 #include "pyengine/seq_slot_manager.h"
+#include "pyengine/waiting_queue.h"
 
 namespace pyengine {
 
@@ -33,6 +34,8 @@ struct BatchManagerConfig {
   bool enable_chunked_context = true;
   CapacitySchedulerPolicy policy = CapacitySchedulerPolicy::kGuaranteedNoEvict;
   int32_t vocab_size = 0;              // > 0: prompt token ids are range-checked
+  bool enable_block_reuse = false;     // prefix reuse of full KV blocks
+  QueuePolicy queue_policy = QueuePolicy::kFcfs;
 };
 
 // The forward's inputs for one step, in preallocated buffers (sequences: generation rows
@@ -75,9 +78,11 @@ class BatchManager {
   // an empty prompt, a token id outside the vocabulary, max_new_tokens < 1,
   // min_new_tokens outside [0, max_new_tokens], prompt + max_new_tokens above max_seq_len,
   // or a request that could never fit the KV pool or the token budget.
+  // `priority`: higher first under the PRIORITY queue policy. `cache_salt`: isolates the
+  // request's prefix-cache chain (0: shared).
   void add_request(RequestId id, const TokenId* prompt, int32_t prompt_len, int32_t max_new_tokens,
                    TokenId end_id, const std::vector<TokenId>& stop_token_ids, int32_t min_new_tokens,
-                   double now);
+                   double now, float priority = 0.5f, uint64_t cache_salt = 0);
   // Marks a request to be dropped at the next schedule(). Returns false if the id is
   // unknown (never added, or already finished and retired).
   bool abort_request(RequestId id);
@@ -99,6 +104,9 @@ class BatchManager {
   bool has_unfinished() const { return !requests_.empty(); }
   int32_t num_requests() const { return static_cast<int32_t>(requests_.size()); }
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  // Prefix reuse totals: tokens taken from the cache, and tables that took any.
+  int64_t total_reused_tokens() const { return kv_resource_->total_reused_tokens(); }
+  int64_t num_reuse_hits() const { return kv_resource_->num_reuse_hits(); }
   int32_t num_active() const { return static_cast<int32_t>(active_.size()); }
   bool contains(RequestId id) const { return requests_.count(id) != 0; }
   // Throws std::out_of_range for an unknown id.
@@ -124,9 +132,10 @@ class BatchManager {
   CapacityScheduler capacity_;
   MicroBatchScheduler micro_batch_;
   ResourceManager resources_;
+  KvCacheResourceManager* kv_resource_ = nullptr;  // owned by resources_
 
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
-  std::deque<Request*> waiting_;
+  WaitingQueue waiting_;
   std::vector<Request*> active_;     // holding resources, in start order
   std::vector<Request*> batch_;      // the last schedule()'s batch
   std::vector<Request*> finished_;   // finished by the last update(), not yet freed

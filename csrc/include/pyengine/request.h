@@ -45,6 +45,16 @@ struct Request {
   int32_t num_pauses = 0;
   int64_t start_order = -1;     // admission counter value; larger = started more recently
   bool abort_requested = false;
+  float priority = 0.5f;        // higher runs first under the PRIORITY queue policy
+
+  // Prefix reuse: the chained key of every full block of `tokens` (kept up to date as
+  // tokens are appended), the chain's root (from the cache salt), how many of the
+  // request's blocks are registered in the cache, and how many it took from the cache.
+  uint64_t cache_root = 0;
+  std::vector<uint64_t> block_keys;
+  int32_t num_cached_blocks = 0;
+  int32_t planned_reuse_blocks = 0;  // set by the micro-batch scheduler for a new table
+  int32_t num_reused_tokens = 0;
 
   double arrival_time;
   double first_scheduled_time = -1.0;
@@ -61,6 +71,11 @@ struct Request {
   int32_t context_remaining() const { return context_len - context_pos; }
   // Tokens whose KV the request holds when it completes (TensorRT-LLM's reservation).
   int32_t tokens_at_completion() const { return prompt_len + max_new_tokens; }
+  // Blocks of its current context it may take from the cache: never the block holding the
+  // last context token, which is recomputed so the request gets its logits.
+  int32_t max_reusable_blocks(int32_t tokens_per_block) const { return (context_len - 1) / tokens_per_block; }
+  // Extends block_keys to every full block of `tokens`.
+  void update_block_keys(int32_t tokens_per_block);
 
   // Puts a started request back to kWaiting to be recomputed from scratch with its
   // generated tokens appended to the prompt. Resources must have been freed already.

@@ -37,12 +37,19 @@ class KvCacheResourceManager : public BaseResourceManager {
  public:
   KvCacheResourceManager(KvCacheManager& kv, int32_t chunk_unit) : kv_(kv), chunk_unit_(chunk_unit) {}
   const char* name() const override { return "kv_cache"; }
+  // New tables first (taking their planned prefix from the cache, which moves their
+  // context position), then generation rows, then context chunks (shrunk to what is free).
   void prepare(std::vector<Request*>& batch) override;
   void free(Request& request) override;
+
+  int64_t total_reused_tokens() const { return total_reused_tokens_; }
+  int64_t num_reuse_hits() const { return num_reuse_hits_; }
 
  private:
   KvCacheManager& kv_;
   int32_t chunk_unit_;
+  int64_t total_reused_tokens_ = 0;
+  int64_t num_reuse_hits_ = 0;
 };
 
 class ResourceManager {

@@ -8,6 +8,7 @@
 
 #include "pyengine/kv_cache_manager.h"
 #include "pyengine/request.h"
+#include "pyengine/waiting_queue.h"
 
 namespace pyengine {
 
@@ -20,16 +21,19 @@ struct CapacitySchedule {
 class CapacityScheduler {
  public:
   CapacityScheduler(CapacitySchedulerPolicy policy, int32_t max_num_sequences,
-                    bool enable_chunked_context);
+                    bool enable_chunked_context, QueuePolicy queue_policy = QueuePolicy::kFcfs);
 
   // `active`: requests holding resources, in start order. `waiting`: the queue (front first).
+  // Under the PRIORITY queue policy, max-utilization pauses the lowest-priority request
+  // (the latest started among equals) first.
   CapacitySchedule schedule(const std::vector<Request*>& active, const std::deque<Request*>& waiting,
                             const KvCacheManager& kv) const;
 
-  // Blocks `request` must be able to get for its next step to make progress: one more
-  // token in generation; the next chunk unit (or, without chunking, the whole rest) in context.
+  // Blocks `request` must be able to take from the free pool for its next step to make
+  // progress: one more token in generation; the next chunk unit (or, without chunking, the
+  // whole rest) in context, after what it can reuse from the cache.
   int32_t step_blocks_needed(const Request& request, const KvCacheManager& kv) const;
-  // Blocks still to be taken before the request completes (no-evict reservation).
+  // Blocks still to be taken from the free pool before the request completes (no-evict).
   int32_t completion_blocks_needed(const Request& request, const KvCacheManager& kv) const;
 
   CapacitySchedulerPolicy policy() const { return policy_; }
@@ -45,7 +49,11 @@ class CapacityScheduler {
   CapacitySchedulerPolicy policy_;
   int32_t max_num_sequences_;
   bool enable_chunked_context_;
+  QueuePolicy queue_policy_;
 };
+
+// What a request without a block table could take from the prefix cache now.
+KvCacheManager::ReuseProbe probe_reuse(const Request& request, const KvCacheManager& kv);
 
 class MicroBatchScheduler {
  public:
@@ -55,8 +63,12 @@ class MicroBatchScheduler {
 
   // Picks this step's batch from the fitting requests and sets each one's chunk_size:
   // generation requests first (one token each), then context requests in order, chunked to
-  // the remaining token budget. Returns the batch, generation requests first.
-  std::vector<Request*> schedule(const std::vector<Request*>& fitting) const;
+  // the remaining token budget. A context request that has not started is planned from
+  // the end of its reusable prefix (planned_reuse_blocks), and waits a step if its next
+  // block is being computed in this batch by a request ahead of it (prefix-aware
+  // admission: it reuses the block next step instead of computing it twice).
+  // Returns the batch, generation requests first.
+  std::vector<Request*> schedule(const std::vector<Request*>& fitting, const KvCacheManager& kv) const;
 
  private:
   int32_t max_batch_size_;
