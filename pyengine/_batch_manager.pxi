@@ -110,6 +110,7 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         const ForwardMetadata& schedule(double) except +
         void update(const int32_t*, int32_t, double) except +
         void free_finished() except +
+        cbool rollback()
         cbool finish_request(int64_t, FinishReason, double)
         cbool has_unfinished()
         int32_t num_requests()
@@ -218,6 +219,10 @@ cdef class CoreBatchManager:
     def finish_stopped(self, int64_t request_id, double now) -> bool:
         """Ends a generating request that the caller found a stop string in."""
         return self.bm.finish_request(request_id, FinishReason.kStopString, now)
+
+    def rollback(self) -> bool:
+        """Undoes the last schedule() after a failed forward/sampling."""
+        return self.bm.rollback()
 
     def free_finished(self):
         self.bm.free_finished()

@@ -134,8 +134,10 @@ class Engine:
         self._requests: dict[int, RequestState] = {}
         self._finished_ids: set[int] = set()
         self._streams: dict[int, deque[RequestOutput]] = {}
+        self._pending_outputs: list[RequestOutput] = []  # aborts of a step that failed
         self._num_prompt_logprobs = 0  # requests still owed prompt logprobs
         self._ids = itertools.count()
+        self.reset_timings()
         self._closed = False
 
     # ---- requests -------------------------------------------------------------------------
@@ -229,45 +231,92 @@ class Engine:
         raise ValueError(f"unknown request_id {request_id!r}")
 
     def has_unfinished_requests(self) -> bool:
-        return self._bm.has_unfinished()
+        """True while some request has not delivered its final output."""
+        return self._bm.has_unfinished() or bool(self._pending_outputs)
 
     # ---- the step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Runs one step (schedule, forward, sample, update, respond, free); returns the
-        outputs of the requests that advanced or ended in it."""
+        outputs of the requests that advanced or ended in it.
+
+        Atomic: if the forward, the sampler or a user's logits processor raises, the
+        exception reaches the caller and the engine is as it was before the step (same
+        requests in the same states, no seat or block changed hands); calling step() again
+        continues. Aborts requested before the step take effect regardless; their final
+        outputs come with the next step that succeeds."""
         self._check_open()
-        bm, sampler = self._bm, self._sampler
+        bm, sampler, clock, timings = self._bm, self._sampler, time.perf_counter, self._timings
+        t0 = clock()
         num_tokens, num_seqs, num_logits = bm.schedule(time.monotonic())
         events = bm.events()
-        outputs = [self._final_abort(rid) for rid in events["aborted"]]
-        # Sampler rows: release the paused/aborted requests' rows, then set up the newly
-        # seated ones (a row is rewritten whole when seated, so no stale state is read).
+        self._pending_outputs.extend(self._final_abort(rid) for rid in events["aborted"])
+        try:
+            self._seat_sampler_rows(events)
+            t1 = clock()
+            if num_seqs > 0:
+                prompt_rows = self._prompt_logprob_rows(num_seqs) if self._num_prompt_logprobs else None
+                logits = self._runner.forward(num_tokens, num_seqs, num_logits,
+                                              None if prompt_rows is None else prompt_rows[0])
+                t2 = clock()
+                result = sampler.sample(logits[:num_logits], self._runner.logits_slots[:num_logits])
+                t3 = clock()
+        except BaseException:
+            self._unseat_sampler_rows(events)
+            bm.rollback()
+            raise
+        # Commit point: nothing below depends on user code or on the forward.
+        outputs, self._pending_outputs = self._pending_outputs, []
+        timings["schedule"] += t1 - t0
+        if num_seqs > 0:
+            sampler.commit(result)
+            bm.update_from_ptr(result.tokens.data_ptr(), num_logits, time.monotonic())
+            if prompt_rows is not None:
+                self._record_prompt_logprobs(logits[num_logits:], prompt_rows[1])
+            events = bm.events()
+            for k, (rid, token, done, reason) in enumerate(zip(
+                    events["output_request_ids"], events["tokens"], events["finished"], events["finish_reasons"])):
+                outputs.append(self._advance(rid, token, bool(done), reason, result.logprobs[k]))
+            bm.free_finished()  # sampler rows of the finished were released in _advance
+            timings["forward"] += t2 - t1
+            timings["sample"] += t3 - t2
+            timings["update"] += clock() - t3
+            timings["steps"] += 1
+        for out in outputs:
+            queue = self._streams.get(out.request_id)
+            if queue is not None:
+                queue.append(out)
+        return outputs
+
+    def _seat_sampler_rows(self, events: dict) -> None:
+        """Releases the rows of paused/aborted requests, then sets up the newly seated ones
+        (a row is rewritten whole when seated, so no stale state is ever read)."""
+        sampler = self._sampler
         for slot in events["paused_slots"] + events["aborted_slots"]:
             if slot >= 0:
                 sampler.release_slot(slot)
         for rid, slot in zip(events["new_seated"], events["new_seated_slots"]):
             st = self._requests[rid]
             sampler.init_slot(slot, st.params, st.prompt_token_ids, st.token_ids, st.stop_ids, st.seed)
-        if num_seqs > 0:
-            prompt_rows = self._prompt_logprob_rows(num_seqs) if self._num_prompt_logprobs else None
-            logits = self._runner.forward(num_tokens, num_seqs, num_logits,
-                                          None if prompt_rows is None else prompt_rows[0])
-            if prompt_rows is not None:
-                self._record_prompt_logprobs(logits[num_logits:], prompt_rows[1])
-                logits = logits[:num_logits]
-            result = sampler.sample(logits, self._runner.logits_slots[:num_logits])
-            bm.update_from_ptr(result.tokens.data_ptr(), num_logits, time.monotonic())
-            events = bm.events()
-            for k, (rid, token, done, reason) in enumerate(zip(
-                    events["output_request_ids"], events["tokens"], events["finished"], events["finish_reasons"])):
-                outputs.append(self._advance(rid, token, bool(done), reason, result.logprobs[k]))
-            bm.free_finished()  # sampler rows of the finished were released in _advance
-        for out in outputs:
-            queue = self._streams.get(out.request_id)
-            if queue is not None:
-                queue.append(out)
-        return outputs
+
+    def _unseat_sampler_rows(self, events: dict) -> None:
+        """Undoes _seat_sampler_rows for a step that failed (paused requests get their
+        seats back, so their rows are rebuilt from their tokens)."""
+        sampler = self._sampler
+        for slot in events["new_seated_slots"]:
+            sampler.release_slot(slot)
+        for rid, slot in zip(events["paused"], events["paused_slots"]):
+            st = self._requests[rid]
+            sampler.init_slot(slot, st.params, st.prompt_token_ids, st.token_ids, st.stop_ids, st.seed)
+
+    def timings(self) -> dict[str, float]:
+        """Seconds spent so far in each part of step() (schedule: batch manager and sampler
+        rows; forward: the model; sample: the sampler; update: stop checks, outputs, frees),
+        and the number of steps that ran a forward."""
+        return dict(self._timings)
+
+    def reset_timings(self) -> None:
+        self._timings = dict.fromkeys(("schedule", "forward", "sample", "update", "steps"), 0.0)
 
     def _advance(self, rid: int, token: int, done: bool, reason: int,
                  logprobs: dict[int, float] | None) -> RequestOutput:

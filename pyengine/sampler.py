@@ -103,6 +103,7 @@ def sample_inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Ten
 class SampleResult:
     tokens: torch.Tensor                 # int32 [n]
     logprobs: list[dict[int, float] | None]  # per row: top-N + chosen, or None
+    rows: torch.Tensor | None = None     # the slots sampled (None on the all-greedy path)
 
 
 class Sampler:
@@ -127,15 +128,19 @@ class Sampler:
         self.prompt_mask = torch.zeros(rows, vocab_size, dtype=torch.bool)  # tokens in the prompt
         self.stop_mask = torch.zeros(rows, vocab_size, dtype=torch.bool)    # masked under min_tokens
         self._features = {slot: frozenset() for slot in range(rows)}
-        self._active = {"sample": 0, "repetition": 0, "penalty": 0, "min_tokens": 0, "logprobs": 0}
+        self._active = {"sample": 0, "repetition": 0, "penalty": 0, "min_tokens": 0, "logprobs": 0,
+                        "processors": 0}
+        # Per slot: (user logits processors, the request's generated token ids, a live list).
+        self._processors: dict[int, tuple[list, list[int]]] = {}
         self._seed_source = torch.Generator().manual_seed(seed) if seed is not None else torch.Generator()
         if seed is None:
             self._seed_source.seed()
 
     def init_slot(self, slot: int, params: SamplingParams, prompt_ids: list[int], output_ids: list[int],
                   stop_ids: list[int], seed: int) -> None:
-        """Sets a newly seated request's row. `output_ids`: tokens it generated before (a
-        paused request being recomputed), so its counts and random counter continue."""
+        """Sets a newly seated request's row. `output_ids`: the tokens it generated so far
+        (non-empty for a paused request being recomputed, so that its counts and random
+        counter continue); the list is kept and read by logits processors."""
         self.release_slot(slot)
         self.temperature[slot] = float(params.temperature)
         self.top_k[slot] = self.vocab_size if params.top_k == -1 else params.top_k
@@ -170,6 +175,9 @@ class Sampler:
             self.stop_mask[slot, torch.tensor(stop_ids, dtype=torch.int64)] = True
         if params.logprobs is not None:
             features.add("logprobs")
+        if params.logits_processors:
+            features.add("processors")
+            self._processors[slot] = (list(params.logits_processors), output_ids)
         self._features[slot] = frozenset(features)
         for f in features:
             self._active[f] += 1
@@ -179,6 +187,7 @@ class Sampler:
         for f in self._features[slot]:
             self._active[f] -= 1
         self._features[slot] = frozenset()
+        self._processors.pop(slot, None)
 
     def new_seed(self) -> int:
         """A seed for a request that did not give one."""
@@ -189,7 +198,9 @@ class Sampler:
         return not any(self._active.values())
 
     def sample(self, logits: torch.Tensor, slots: torch.Tensor) -> SampleResult:
-        """logits [n, vocab] float32 (modified in place), slots [n] -> tokens and logprobs."""
+        """logits [n, vocab] float32, slots [n] -> tokens and logprobs. Changes no state
+        (see commit()), so a failure here — in a user's logits processor, say — leaves the
+        sampler as it was."""
         n = logits.shape[0]
         if self.all_greedy:  # fast path: nothing but argmax
             return SampleResult(torch.argmax(logits, dim=-1).to(torch.int32), [None] * n)
@@ -198,6 +209,13 @@ class Sampler:
         if self._active["logprobs"]:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         x = logits
+        if self._active["processors"]:
+            x = x.clone()
+            for i, slot in enumerate(rows.tolist()):
+                entry = self._processors.get(slot)
+                if entry is not None:
+                    for fn in entry[0]:
+                        x[i] = fn(entry[1], x[i])
         if self._active["repetition"] or self._active["penalty"]:
             counts = self.counts[rows]
             if self._active["repetition"]:
@@ -225,15 +243,22 @@ class Sampler:
                     xs = apply_min_p(xs, min_p)
                 u = counter_uniform(self.seed[rows], self.num_generated[rows])
                 tokens = torch.where(sampled, sample_inverse_cdf(xs, u), tokens)
-        self.num_generated[rows] += 1
-        if self._active["repetition"] or self._active["penalty"]:  # rows without penalties may count too: unused
-            self.counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
         logprobs: list[dict[int, float] | None] = [None] * n
         if raw_logprobs is not None:
             wanted = self.num_logprobs[rows]
             for i in torch.nonzero(wanted >= 0).flatten().tolist():
                 logprobs[i] = top_logprobs(raw_logprobs[i], int(wanted[i]), int(tokens[i]))
-        return SampleResult(tokens.to(torch.int32), logprobs)
+        return SampleResult(tokens.to(torch.int32), logprobs, rows)
+
+    def commit(self, result: SampleResult) -> None:
+        """Records the sampled tokens in the rows' state (random counters, penalty counts)."""
+        if result.rows is None:
+            return
+        rows = result.rows
+        self.num_generated[rows] += 1
+        if self._active["repetition"] or self._active["penalty"]:  # rows without penalties may count too: unused
+            self.counts.index_put_((rows, result.tokens.to(torch.int64)),
+                                   torch.ones(rows.shape[0], dtype=torch.int32), accumulate=True)
 
 
 def top_logprobs(row: torch.Tensor, n: int, chosen: int) -> dict[int, float]:

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+# A logits processor: (token ids generated so far, logits row [vocab]) -> logits row.
+LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
 
 MAX_LOGPROBS = 20
 
@@ -40,6 +46,9 @@ class SamplingParams:
         plus the chosen one, under the model's raw distribution (before any transform).
     prompt_logprobs: likewise for each prompt token (the first has none).
     skip_special_tokens: leave special tokens out of `text`.
+    logits_processors: functions (generated token ids, logits row) -> logits row, applied
+        in order to the raw logits before the transforms above. An exception in one makes
+        step() raise with the engine left as it was before that step.
     """
 
     max_tokens: int = 16
@@ -59,6 +68,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    logits_processors: list[LogitsProcessor] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -94,6 +104,9 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
         if not isinstance(self.stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        if not isinstance(self.logits_processors, (list, tuple)) or any(
+                not callable(f) for f in self.logits_processors):
+            raise TypeError(f"logits_processors must be a list of callables, got {self.logits_processors!r}")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):

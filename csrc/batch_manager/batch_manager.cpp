@@ -119,6 +119,18 @@ const Request& BatchManager::request(RequestId id) const {
   return *it->second;
 }
 
+std::vector<RequestId> BatchManager::waiting_ids() const {
+  std::vector<RequestId> ids;
+  for (const Request* r : waiting_.requests()) ids.push_back(r->id);
+  return ids;
+}
+
+std::vector<RequestId> BatchManager::active_ids() const {
+  std::vector<RequestId> ids;
+  for (const Request* r : active_) ids.push_back(r->id);
+  return ids;
+}
+
 void BatchManager::remove_active(Request* r) {
   active_.erase(std::remove(active_.begin(), active_.end(), r), active_.end());
 }
@@ -140,11 +152,69 @@ void BatchManager::drop_aborted() {
   }
 }
 
+void BatchManager::snapshot(Request* r) {
+  snapshots_.push_back({r, r->state, r->context_len, r->context_pos, r->chunk_size, r->num_pauses,
+                        r->num_cached_blocks, r->num_reused_tokens, r->seq_slot, r->start_order,
+                        r->first_scheduled_time});
+}
+
+void BatchManager::begin_transaction() {
+  commit_transaction();
+  in_transaction_ = true;
+  kv_.begin();
+  slots_.begin();
+  saved_active_ = active_;
+  saved_waiting_ = waiting_.requests();
+  saved_start_counter_ = start_counter_;
+  saved_reused_tokens_ = kv_resource_->total_reused_tokens();
+  saved_reuse_hits_ = kv_resource_->num_reuse_hits();
+  for (Request* r : active_) snapshot(r);
+}
+
+void BatchManager::commit_transaction() {
+  if (!in_transaction_) return;
+  in_transaction_ = false;
+  kv_.commit();
+  slots_.commit();
+  snapshots_.clear();
+}
+
+bool BatchManager::rollback() {
+  if (!in_transaction_) return false;
+  in_transaction_ = false;
+  kv_.rollback();
+  slots_.rollback();
+  for (auto it = snapshots_.rbegin(); it != snapshots_.rend(); ++it) {
+    Request* r = it->r;
+    r->state = it->state;
+    r->context_len = it->context_len;
+    r->context_pos = it->context_pos;
+    r->chunk_size = 0;
+    r->num_pauses = it->num_pauses;
+    r->num_cached_blocks = it->num_cached_blocks;
+    r->num_reused_tokens = it->num_reused_tokens;
+    r->seq_slot = it->seq_slot;
+    r->start_order = it->start_order;
+    r->first_scheduled_time = it->first_scheduled_time;
+    r->planned_reuse_blocks = 0;
+  }
+  snapshots_.clear();
+  active_ = saved_active_;
+  waiting_.restore(std::move(saved_waiting_));
+  start_counter_ = saved_start_counter_;
+  kv_resource_->restore_stats(saved_reused_tokens_, saved_reuse_hits_);
+  batch_.clear();
+  meta_.num_tokens = meta_.num_seqs = meta_.num_generation_seqs = meta_.num_logits = 0;
+  return true;
+}
+
 const ForwardMetadata& BatchManager::schedule(double now) {
   clear_events(events_);
-  drop_aborted();
+  drop_aborted();  // aborts are committed: they never come back
+  begin_transaction();
 
   CapacitySchedule cap = capacity_.schedule(active_, waiting_.requests(), kv_);
+  for (Request* r : cap.admitted) snapshot(r);
   // Pause: free first, then requeue at the front (earliest started ends up first).
   for (Request* r : cap.paused) {
     events_.paused.push_back(r->id);
@@ -211,6 +281,7 @@ void BatchManager::update(const TokenId* tokens, int32_t num_tokens, double now)
   if (num_tokens != meta_.num_logits)
     throw std::invalid_argument("update() got " + str(num_tokens) + " tokens for " + str(meta_.num_logits) +
                                 " logits rows");
+  commit_transaction();
   finished_.clear();
   int32_t k = 0;
   for (Request* r : batch_) {

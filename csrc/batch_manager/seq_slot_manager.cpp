@@ -25,6 +25,7 @@ SlotId SeqSlotManager::acquire(RequestId id) {
   const SlotId slot = free_slots_.front();
   free_slots_.pop_front();
   owners_.emplace(id, slot);
+  if (journaling_) journal_.push_back({true, id, slot});
   return slot;
 }
 
@@ -33,7 +34,22 @@ void SeqSlotManager::release(RequestId id) {
   if (it == owners_.end())
     throw std::logic_error("request " + std::to_string(id) + " holds no sequence slot");
   free_slots_.push_back(it->second);
+  if (journaling_) journal_.push_back({false, id, it->second});
   owners_.erase(it);
+}
+
+void SeqSlotManager::rollback() {
+  journaling_ = false;
+  for (auto it = journal_.rbegin(); it != journal_.rend(); ++it) {
+    if (it->acquired) {  // it came from the front of the free list
+      owners_.erase(it->id);
+      free_slots_.push_front(it->slot);
+    } else {  // it went to the back
+      free_slots_.pop_back();
+      owners_.emplace(it->id, it->slot);
+    }
+  }
+  journal_.clear();
 }
 
 void SeqSlotManager::check_all_free() const {

@@ -36,6 +36,7 @@ KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t tokens_per_block, boo
 }
 
 void KvCacheManager::push_free_back(BlockId b) {
+  log({Op::kPushFreeBack, b, 0, 0, 0, {}});
   Block& blk = blocks_[b];
   blk.in_free = true;
   blk.prev = free_tail_;
@@ -48,12 +49,74 @@ void KvCacheManager::push_free_back(BlockId b) {
 
 void KvCacheManager::unlink_free(BlockId b) {
   Block& blk = blocks_[b];
+  log({Op::kUnlinkFree, b, blk.prev, blk.next, 0, {}});
   if (blk.prev >= 0) blocks_[blk.prev].next = blk.next; else free_head_ = blk.next;
   if (blk.next >= 0) blocks_[blk.next].prev = blk.prev; else free_tail_ = blk.prev;
   blk.prev = blk.next = -1;
   blk.in_free = false;
   --free_size_;
   if (blk.cached) --num_reusable_free_;
+}
+
+void KvCacheManager::relink_free(BlockId b, BlockId prev, BlockId next) {
+  Block& blk = blocks_[b];
+  blk.prev = prev;
+  blk.next = next;
+  if (prev >= 0) blocks_[prev].next = b; else free_head_ = b;
+  if (next >= 0) blocks_[next].prev = b; else free_tail_ = b;
+  blk.in_free = true;
+  ++free_size_;
+  if (blk.cached) ++num_reusable_free_;
+}
+
+void KvCacheManager::set_ref(BlockId b, int32_t ref) {
+  log({Op::kRef, b, blocks_[b].ref, 0, 0, {}});
+  blocks_[b].ref = ref;
+}
+
+void KvCacheManager::begin() {
+  journal_.clear();
+  journaling_ = true;
+}
+
+void KvCacheManager::commit() {
+  journal_.clear();
+  journaling_ = false;
+}
+
+void KvCacheManager::rollback() {
+  journaling_ = false;
+  for (auto it = journal_.rbegin(); it != journal_.rend(); ++it) {
+    switch (it->op) {
+      case Op::kUnlinkFree:
+        relink_free(it->block, it->a, it->b);
+        break;
+      case Op::kPushFreeBack: {
+        // It is the tail again at this point of the replay.
+        Block& blk = blocks_[it->block];
+        if (blk.prev >= 0) blocks_[blk.prev].next = -1; else free_head_ = -1;
+        free_tail_ = blk.prev;
+        blk.prev = blk.next = -1;
+        blk.in_free = false;
+        --free_size_;
+        if (blk.cached) --num_reusable_free_;
+        break;
+      }
+      case Op::kRef:
+        blocks_[it->block].ref = it->a;
+        break;
+      case Op::kTableCreate:
+        tables_.erase(it->id);
+        break;
+      case Op::kTablePush:
+        tables_[it->id].pop_back();
+        break;
+      case Op::kTableErase:
+        tables_[it->id] = std::move(it->table);
+        break;
+    }
+  }
+  journal_.clear();
 }
 
 BlockId KvCacheManager::pop_free_front() {
@@ -105,7 +168,8 @@ int32_t KvCacheManager::add_sequence_with_reuse(RequestId id, const std::vector<
     const BlockId b = lookup(keys[i], parent, tokens.data() + static_cast<size_t>(i) * tokens_per_block_);
     if (b < 0) break;
     if (blocks_[b].in_free) unlink_free(b);
-    ++blocks_[b].ref;
+    set_ref(b, blocks_[b].ref + 1);
+    log({Op::kTablePush, b, 0, 0, id, {}});
     table.push_back(b);
     parent = keys[i];
   }
@@ -133,6 +197,7 @@ void KvCacheManager::cache_blocks(RequestId id, const std::vector<uint64_t>& key
 void KvCacheManager::add_sequence(RequestId id) {
   if (!tables_.emplace(id, std::vector<BlockId>{}).second)
     throw std::logic_error("request " + std::to_string(id) + " already has a block table");
+  log({Op::kTableCreate, -1, 0, 0, id, {}});
 }
 
 int32_t KvCacheManager::num_blocks_of(RequestId id) const {
@@ -162,7 +227,8 @@ void KvCacheManager::add_tokens(RequestId id, int32_t num_tokens) {
                              " more KV blocks, " + std::to_string(free_size_) + " free");
   for (int32_t i = 0; i < need; ++i) {
     const BlockId b = pop_free_front();
-    blocks_[b].ref = 1;
+    set_ref(b, 1);
+    log({Op::kTablePush, b, 0, 0, id, {}});
     it->second.push_back(b);
   }
 }
@@ -170,8 +236,11 @@ void KvCacheManager::add_tokens(RequestId id, int32_t num_tokens) {
 void KvCacheManager::remove_sequence(RequestId id) {
   auto it = tables_.find(id);
   if (it == tables_.end()) throw std::logic_error("request " + std::to_string(id) + " has no block table");
-  for (auto b = it->second.rbegin(); b != it->second.rend(); ++b)
-    if (--blocks_[*b].ref == 0) push_free_back(*b);
+  for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) {
+    set_ref(*b, blocks_[*b].ref - 1);
+    if (blocks_[*b].ref == 0) push_free_back(*b);
+  }
+  if (journaling_) log({Op::kTableErase, -1, 0, 0, id, it->second});
   tables_.erase(it);
 }
 

@@ -3,6 +3,7 @@
 // cached or owned; reference counts equal owning tables; no seat held by a finished
 // request; and everything back at the end.
 #include <random>
+#include <string>
 
 #include "pyengine/batch_manager.h"
 #include "test_harness.h"
@@ -10,6 +11,25 @@
 using namespace pyengine;
 
 namespace {
+
+// Everything rollback() must restore, as one comparable string.
+std::string observable_state(const BatchManager& bm) {
+  std::string out = "waiting:";
+  for (RequestId id : bm.waiting_ids()) out += " " + std::to_string(id);
+  out += " | active:";
+  for (RequestId id : bm.active_ids()) {
+    const Request& r = bm.request(id);
+    out += " " + std::to_string(id) + "(s" + std::to_string(static_cast<int>(r.state)) + " p" +
+           std::to_string(r.context_pos) + " l" + std::to_string(r.context_len) + " slot" +
+           std::to_string(r.seq_slot) + " pauses" + std::to_string(r.num_pauses) + " blocks";
+    if (bm.kv_cache().has_sequence(id))
+      for (BlockId b : bm.kv_cache().block_table(id)) out += "," + std::to_string(b);
+    out += ")";
+  }
+  out += " | free " + std::to_string(bm.kv_cache().num_free_blocks()) + " slots " +
+         std::to_string(bm.seq_slots().num_free()) + " reused " + std::to_string(bm.total_reused_tokens());
+  return out;
+}
 
 void walk(CapacitySchedulerPolicy policy, QueuePolicy queue, bool chunked, uint32_t seed) {
   BatchManagerConfig c;
@@ -33,6 +53,7 @@ void walk(CapacitySchedulerPolicy policy, QueuePolicy queue, bool chunked, uint3
   std::vector<RequestId> live;
   RequestId next_id = 0;
   int ops = 0, steps = 0;
+  bool abort_pending = false;
   while (ops < 10000) {
     const int op = uni(0, 9);
     if (op < 3) {  // add
@@ -50,9 +71,21 @@ void walk(CapacitySchedulerPolicy policy, QueuePolicy queue, bool chunked, uint3
       }
       ++next_id;
     } else if (op < 4 && !live.empty()) {  // abort
-      bm.abort_request(live[uni(0, static_cast<int>(live.size()) - 1)]);
+      abort_pending |= bm.abort_request(live[uni(0, static_cast<int>(live.size()) - 1)]);
     } else {  // step
+      if (!abort_pending && uni(0, 4) == 0) {  // a failed forward: schedule, then roll back
+        // (aborts are committed by schedule() whatever happens next, so compare without them)
+        const std::string before = observable_state(bm);
+        const int32_t reusable = bm.kv_cache().num_reusable_blocks();
+        bm.schedule(ops);
+        CHECK(bm.rollback());
+        CHECK(!bm.rollback());
+        CHECK_EQ(observable_state(bm), before);
+        CHECK(bm.kv_cache().num_reusable_blocks() <= reusable);  // evictions stay evicted
+        bm.check_invariants();
+      }
       const ForwardMetadata& m = bm.schedule(ops);
+      abort_pending = false;
       for (int s = 0; s < m.num_seqs; ++s)
         CHECK(bm.request(m.request_ids[s]).seq_slot == m.seq_slots[s]);
       std::vector<TokenId> tokens(m.num_logits);

@@ -100,6 +100,11 @@ class BatchManager {
   bool finish_request(RequestId id, FinishReason reason, double now);
   // Retires the requests finished by the last update(): KV blocks, then slot.
   void free_finished();
+  // Undoes the last schedule() (but not the aborts it dropped, which stay dropped): the
+  // caller's forward or sampling failed, and the engine must be as before the step —
+  // same requests in the same states, no seat or block changed hands. Valid between
+  // schedule() and update(); returns false (doing nothing) otherwise.
+  bool rollback();
 
   bool has_unfinished() const { return !requests_.empty(); }
   int32_t num_requests() const { return static_cast<int32_t>(requests_.size()); }
@@ -109,6 +114,8 @@ class BatchManager {
   int64_t num_reuse_hits() const { return kv_resource_->num_reuse_hits(); }
   int32_t num_active() const { return static_cast<int32_t>(active_.size()); }
   bool contains(RequestId id) const { return requests_.count(id) != 0; }
+  std::vector<RequestId> waiting_ids() const;
+  std::vector<RequestId> active_ids() const;
   // Throws std::out_of_range for an unknown id.
   const Request& request(RequestId id) const;
 
@@ -123,6 +130,24 @@ class BatchManager {
 
  private:
   void drop_aborted();
+  // Journals schedule()'s changes so that rollback() can undo them.
+  struct RequestSnapshot {
+    Request* r;
+    RequestState state;
+    int32_t context_len, context_pos, chunk_size, num_pauses, num_cached_blocks, num_reused_tokens;
+    SlotId seq_slot;
+    int64_t start_order;
+    double first_scheduled_time;
+  };
+  void snapshot(Request* r);
+  void begin_transaction();
+  void commit_transaction();
+  bool in_transaction_ = false;
+  std::vector<RequestSnapshot> snapshots_;
+  std::vector<Request*> saved_active_;
+  std::deque<Request*> saved_waiting_;
+  int64_t saved_start_counter_ = 0;
+  int64_t saved_reused_tokens_ = 0, saved_reuse_hits_ = 0;
   void fill_metadata(const std::vector<Request*>& batch);
   void remove_active(Request* r);
 

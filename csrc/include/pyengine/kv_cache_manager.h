@@ -82,6 +82,14 @@ class KvCacheManager {
   // holding it); cached keys point at blocks that carry them. Throws std::logic_error.
   void check_invariants() const;
 
+  // Transactions: between begin() and commit()/rollback() every change is journaled;
+  // rollback() restores ownership, reference counts, tables and the free queue's order
+  // exactly. A block evicted from the cache stays evicted (its memory may have been
+  // written since), so rollback never resurrects stale KV. begin() commits any open one.
+  void begin();
+  void commit();
+  void rollback();
+
  private:
   struct Block {
     int32_t ref = 0;
@@ -95,6 +103,23 @@ class KvCacheManager {
   void unlink_free(BlockId b);
   BlockId pop_free_front();
   BlockId lookup(uint64_t key, uint64_t parent, const TokenId* tokens) const;
+
+  enum class Op : int8_t { kUnlinkFree, kPushFreeBack, kRef, kTableCreate, kTablePush, kTableErase };
+  struct Undo {
+    Op op;
+    BlockId block;
+    int32_t a, b;  // kUnlinkFree: prev, next; kRef: old count
+    RequestId id;
+    std::vector<BlockId> table;  // kTableErase
+  };
+  void log(Undo u) {
+    if (journaling_) journal_.push_back(std::move(u));
+  }
+  void relink_free(BlockId b, BlockId prev, BlockId next);
+  void set_ref(BlockId b, int32_t ref);
+
+  bool journaling_ = false;
+  std::vector<Undo> journal_;
 
   int32_t num_blocks_;
   int32_t tokens_per_block_;

@@ -44,6 +44,10 @@ class KvCacheResourceManager : public BaseResourceManager {
 
   int64_t total_reused_tokens() const { return total_reused_tokens_; }
   int64_t num_reuse_hits() const { return num_reuse_hits_; }
+  void restore_stats(int64_t reused_tokens, int64_t hits) {
+    total_reused_tokens_ = reused_tokens;
+    num_reuse_hits_ = hits;
+  }
 
  private:
   KvCacheManager& kv_;

@@ -4,6 +4,7 @@
 
 #include <deque>
 #include <unordered_map>
+#include <vector>
 
 #include "pyengine/types.h"
 
@@ -29,7 +30,21 @@ class SeqSlotManager {
   // is still taken.
   void check_all_free() const;
 
+  // Transactions, as in KvCacheManager: rollback() undoes every acquire/release since
+  // begin(), restoring the free order exactly.
+  void begin() { journal_.clear(); journaling_ = true; }
+  void commit() { journal_.clear(); journaling_ = false; }
+  void rollback();
+
  private:
+  struct Undo {
+    bool acquired;  // true: undo an acquire; false: undo a release
+    RequestId id;
+    SlotId slot;
+  };
+  bool journaling_ = false;
+  std::vector<Undo> journal_;
+
   int32_t num_slots_;
   std::deque<SlotId> free_slots_;
   std::unordered_map<RequestId, SlotId> owners_;

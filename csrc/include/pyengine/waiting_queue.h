@@ -25,6 +25,7 @@ class WaitingQueue {
   bool empty() const { return queue_.empty(); }
   size_t size() const { return queue_.size(); }
   const std::deque<Request*>& requests() const { return queue_; }
+  void restore(std::deque<Request*> queue) { queue_ = std::move(queue); }
   QueuePolicy policy() const { return policy_; }
 
  private:

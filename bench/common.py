@@ -1,0 +1,382 @@
+"""Shared pieces of the benchmarks in bench/ (see /work/shared/BENCH.md).
+
+- the benchmark model (``smollm-135m-shape``, random weights, built offline and cached),
+- the workloads' requests, generated exactly as BENCH.md says, from ``random.Random(0)``,
+- timing helpers (median of N runs),
+- the DRAM read-bandwidth measurement (sum over a 512 MB tensor, best of a few),
+- the Hugging Face transformers reference runner for W1 (static batches of 16, left
+  padding, each batch running until its longest request is done).
+
+Nothing here imports the compiled engine, so the reference side runs on its own.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # `python bench/throughput.py` from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
+
+BENCH_THREADS = 2
+# Before torch (and any OpenMP runtime) is loaded, so every runtime in the process sees it.
+os.environ.setdefault("OMP_NUM_THREADS", str(BENCH_THREADS))
+os.environ.setdefault("MKL_NUM_THREADS", str(BENCH_THREADS))
+
+import torch  # noqa: E402
+
+
+def _import_checkpoints():
+    """``pyengine.checkpoints``; if the package cannot be imported (its ``__init__``
+    needs the compiled extension, which may not be built), the same file loaded on its
+    own: it depends on nothing else in pyengine."""
+    try:
+        import pyengine.checkpoints as mod
+
+        return mod
+    except ImportError:
+        import importlib.util
+
+        name = "_pyengine_checkpoints_standalone"
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(
+            name, REPO_ROOT / "pyengine" / "checkpoints.py"
+        )
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+
+
+checkpoints = _import_checkpoints()
+SMOLLM_135M_SHAPE = checkpoints.SMOLLM_135M_SHAPE
+cached_checkpoint = checkpoints.cached_checkpoint
+
+SMOLLM_NAME = "smollm-135m-shape"
+SMOLLM_VOCAB = SMOLLM_135M_SHAPE["vocab_size"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+# --------------------------------------------------------------------------------------
+# Environment
+# --------------------------------------------------------------------------------------
+
+
+def set_threads(n: int = BENCH_THREADS) -> None:
+    """Use ``n`` threads in torch (intra-op) and for OpenMP/MKL in anything started later."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(n))
+    os.environ.setdefault("MKL_NUM_THREADS", str(n))
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set (interop threads can be set once)
+        pass
+
+
+def quiet_transformers() -> None:
+    """No progress bars or advisory warnings from transformers in benchmark output."""
+    import warnings
+
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", module="transformers")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    import transformers
+
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = float("nan")
+    return {
+        "cpu": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "loadavg_1m": round(load, 2),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# The benchmark model
+# --------------------------------------------------------------------------------------
+
+
+def smollm_checkpoint(root: Path | str | None = None) -> Path:
+    """The ``smollm-135m-shape`` checkpoint (fp32 weights, 498 MB), built once into the
+    checkpoint cache (``~/.cache/pyengine/checkpoints``) and reused. Both dtypes load it:
+    bf16 runs convert at load time."""
+    return cached_checkpoint(SMOLLM_NAME, SMOLLM_135M_SHAPE, root=root)
+
+
+# --------------------------------------------------------------------------------------
+# Workloads
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    prompt_token_ids: list[int]
+    max_tokens: int  # exactly this many tokens are generated (EOS ignored)
+
+
+@dataclass
+class Workload:
+    name: str
+    requests: list[Request]
+    note: str = ""
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(r.prompt_token_ids) for r in self.requests)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(r.max_tokens for r in self.requests)
+
+
+def w1_requests(
+    num_requests: int = 64,
+    prompt_len: tuple[int, int] = (32, 512),
+    output_len: tuple[int, int] = (16, 256),
+    vocab_size: int = SMOLLM_VOCAB,
+    seed: int = 0,
+) -> list[Request]:
+    """W1: ``num_requests`` requests from ``random.Random(seed)``. For each request in
+    turn: prompt length ``rng.randint(*prompt_len)`` (inclusive), output length
+    ``rng.randint(*output_len)``, then the prompt's token ids, each
+    ``rng.randrange(vocab_size)``. Defaults are BENCH.md's (64, [32, 512], [16, 256])."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(num_requests):
+        plen = rng.randint(*prompt_len)
+        olen = rng.randint(*output_len)
+        out.append(Request([rng.randrange(vocab_size) for _ in range(plen)], olen))
+    return out
+
+
+def w2_request(
+    prompt_len: int = 128, output_len: int = 128, vocab_size: int = SMOLLM_VOCAB, seed: int = 0
+) -> Request:
+    """W2: one request, a 128-token random prompt (``random.Random(seed)``), 128 tokens."""
+    rng = random.Random(seed)
+    return Request([rng.randrange(vocab_size) for _ in range(prompt_len)], output_len)
+
+
+def w4_requests(
+    num_requests: int = 32,
+    shared_len: int = 1024,
+    suffix_len: int = 32,
+    output_len: int = 64,
+    vocab_size: int = SMOLLM_VOCAB,
+    seed: int = 0,
+) -> list[Request]:
+    """W4: a ``shared_len``-token system prompt drawn first from ``random.Random(seed)``,
+    then for each request a distinct ``suffix_len``-token suffix; ``output_len`` tokens."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(vocab_size) for _ in range(shared_len)]
+    out, seen = [], set()
+    while len(out) < num_requests:
+        suffix = tuple(rng.randrange(vocab_size) for _ in range(suffix_len))
+        if suffix in seen:
+            continue
+        seen.add(suffix)
+        out.append(Request(shared + list(suffix), output_len))
+    return out
+
+
+def w1_workload(quick: bool = False, vocab_size: int = SMOLLM_VOCAB) -> Workload:
+    """The W1 requests; ``quick`` shrinks the workload (same generator, same order of
+    draws): 16 requests (one reference batch), prompts in [16, 48], outputs in [8, 24]."""
+    if quick:
+        return Workload(
+            "W1-quick",
+            w1_requests(16, (16, 48), (8, 24), vocab_size),
+            "quick: 16 requests (not 64), prompt lengths in [16, 48] (not [32, 512]), "
+            "output lengths in [8, 24] (not [16, 256])",
+        )
+    return Workload("W1", w1_requests(vocab_size=vocab_size))
+
+
+# --------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Run ``fn`` once; return (seconds, its result)."""
+    t0 = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - t0, result
+
+
+def time_runs(fn: Callable[[], Any], runs: int = 3, warmup: int = 0) -> list[float]:
+    """Seconds of each of ``runs`` calls of ``fn`` after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    return [timed(fn)[0] for _ in range(runs)]
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs)
+
+
+def spread(xs: Sequence[float]) -> str:
+    """'median [min, max]' for a report line."""
+    return f"{median(xs):.4g} [{min(xs):.4g}, {max(xs):.4g}]"
+
+
+# --------------------------------------------------------------------------------------
+# Memory bandwidth
+# --------------------------------------------------------------------------------------
+
+
+def dram_read_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
+    """DRAM read bandwidth in bytes/s: the best of ``repeats`` timed ``sum()`` over an
+    fp32 tensor of ``nbytes`` (512 MB, far larger than any cache), after one untimed
+    pass. With the benchmark's thread count, this is what a batch-1 decode can read."""
+    x = torch.ones(nbytes // 4, dtype=torch.float32)
+    x.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    del x
+    return nbytes / best
+
+
+def param_bytes(model_dir: Path | str, dtype: torch.dtype) -> int:
+    """Bytes of the model's parameters in ``dtype`` (tied weights counted once)."""
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(str(model_dir))
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    n = sum(p.numel() for p in model.parameters())
+    return n * torch.finfo(dtype).bits // 8
+
+
+# --------------------------------------------------------------------------------------
+# Hugging Face reference
+# --------------------------------------------------------------------------------------
+
+
+def hf_load(model_dir: Path | str, dtype: torch.dtype):
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
+
+
+@dataclass
+class RunResult:
+    seconds: float
+    prompt_tokens: int
+    generated_tokens: int
+    outputs: list[list[int]] = field(default_factory=list, repr=False)
+    cpu_seconds: float = float("nan")  # process CPU time (all threads) during the run
+
+    @property
+    def cpu_utilization(self) -> float:
+        """CPU time / (wall time x torch threads): near 1 on an idle machine; well below
+        1 means the run was starved by other processes (its figure is suspect)."""
+        return self.cpu_seconds / (self.seconds * torch.get_num_threads())
+
+    @property
+    def generated_tps(self) -> float:
+        return self.generated_tokens / self.seconds
+
+    @property
+    def total_tps(self) -> float:
+        return (self.prompt_tokens + self.generated_tokens) / self.seconds
+
+
+@torch.inference_mode()
+def hf_generate_static(
+    model, requests: Sequence[Request], batch_size: int = 16, pad_token_id: int = 0
+) -> RunResult:
+    """The W1 reference: ``model.generate`` over the requests in order, in static
+    batches of ``batch_size`` with left padding; each batch generates exactly as many
+    tokens as its longest request (``max_new_tokens`` = ``min_new_tokens`` = that, EOS
+    disabled), greedy. Counts only each request's own tokens as generated; the outputs are
+    each request's own tokens."""
+    from transformers import GenerationConfig
+
+    outputs: list[list[int]] = []
+    c0, t0 = time.process_time(), time.perf_counter()
+    for start in range(0, len(requests), batch_size):
+        batch = requests[start : start + batch_size]
+        width = max(len(r.prompt_token_ids) for r in batch)
+        new = max(r.max_tokens for r in batch)
+        ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, r in enumerate(batch):
+            n = len(r.prompt_token_ids)
+            ids[i, width - n :] = torch.tensor(r.prompt_token_ids, dtype=torch.long)
+            mask[i, width - n :] = 1
+        gen_cfg = GenerationConfig(
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            eos_token_id=None,
+            pad_token_id=pad_token_id,
+            bos_token_id=None,
+        )
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
+        if out.shape[1] != width + new:
+            raise RuntimeError(
+                f"reference generated {out.shape[1] - width} tokens, expected {new}"
+            )
+        for i, r in enumerate(batch):
+            outputs.append(out[i, width : width + r.max_tokens].tolist())
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return RunResult(
+        seconds,
+        sum(len(r.prompt_token_ids) for r in requests),
+        sum(r.max_tokens for r in requests),
+        outputs,
+        cpu,
+    )
+
+
+def compare_outputs(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict[str, float]:
+    """How closely two runs' greedy outputs agree: the fraction of requests with identical
+    tokens and the mean fraction of each request's tokens before the first difference.
+    (Informational: random-weight models flip on rounding differences.)"""
+    same, prefix = 0, 0.0
+    for x, y in zip(a, b):
+        same += list(x) == list(y)
+        k = 0
+        while k < min(len(x), len(y)) and x[k] == y[k]:
+            k += 1
+        prefix += k / max(len(x), 1)
+    n = max(len(a), 1)
+    return {"identical": same / n, "common_prefix": prefix / n}

@@ -1,0 +1,154 @@
+"""An atomic step(): a failure in the forward, the sampler or a user's logits processor
+leaves the engine as it was before the step, and continuing gives the same outputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
+
+PROMPTS = [list(range(10, 70)), [5, 9, 44, 71, 100, 3, 8], [300, 12, 17] * 9, [42] * 25, list(range(200, 240))]
+
+
+class Injected(RuntimeError):
+    pass
+
+
+def make_engine(model_dir) -> Engine:
+    # a small pool and token budget: chunked prefill and max-utilization pauses in the mix
+    return Engine(model_dir, max_seq_len=104, seed=0,
+                  kv_cache_config=KvCacheConfig(tokens_per_block=8, max_tokens=160),
+                  scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=24,
+                                                   capacity_scheduler_policy="max_utilization"))
+
+
+def params(processor=None) -> list[SamplingParams]:
+    ps = [SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True),
+          SamplingParams(temperature=0.9, top_p=0.9, seed=1, max_tokens=24, ignore_eos=True,
+                         repetition_penalty=1.2, logprobs=2),
+          SamplingParams(temperature=0.7, seed=2, max_tokens=20, ignore_eos=True, prompt_logprobs=1),
+          SamplingParams(temperature=0.0, max_tokens=28, ignore_eos=True, presence_penalty=0.3),
+          SamplingParams(temperature=1.0, seed=3, max_tokens=16, ignore_eos=True, min_p=0.05)]
+    if processor is not None:
+        ps[1] = SamplingParams(**{**ps[1].__dict__, "logits_processors": [processor]})
+    return ps
+
+
+def snapshot(engine: Engine) -> dict:
+    # Reusable (cached, free) blocks the failed step evicted stay evicted: their memory may
+    # have been overwritten by the failed forward. Everything else is restored exactly.
+    stats = engine.stats()
+    stats.pop("num_reusable_blocks")
+    state = {"stats": stats}
+    for rid in engine._requests:
+        m = engine._bm.request_metrics(rid)
+        m.pop("arrival_time")
+        state[rid] = (m, list(engine._requests[rid].token_ids), engine._bm.block_table(rid)
+                      if m["seq_slot"] >= 0 else None)
+    sampler = engine._sampler
+    state["sampler"] = (dict(sampler._active), sampler.num_generated.tolist(), sampler.counts.sum(1).tolist())
+    return state
+
+
+def run(engine: Engine, fail_at: int | None = None, inject=None) -> dict[int, object]:
+    ids = [engine.add_request(p, sp) for p, sp in zip(PROMPTS, params(inject.processor if inject else None))]
+    finals, step, failed = {}, 0, False
+    while engine.has_unfinished_requests():
+        if step == fail_at and not failed:
+            before = snapshot(engine)
+            inject.arm()
+            with pytest.raises(Injected):
+                engine.step()
+            failed = True
+            assert snapshot(engine) == before
+            engine.check_resources()
+            continue
+        for o in engine.step():
+            if o.finished:
+                finals[o.request_id] = o
+        step += 1
+    assert failed or fail_at is None
+    return {i: (finals[rid].token_ids, finals[rid].logprobs, finals[rid].prompt_logprobs) for i, rid in enumerate(ids)}
+
+
+class ForwardFailure:
+    processor = None
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.original = engine, engine._runner.forward
+
+    def arm(self) -> None:
+        def failing(*args, **kwargs):
+            self.engine._runner.forward = self.original
+            self.original(*args, **kwargs)  # the KV writes happen, then it fails
+            raise Injected("forward failed")
+        self.engine._runner.forward = failing
+
+
+class SamplerFailure:
+    processor = None
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.original = engine, engine._sampler.sample
+
+    def arm(self) -> None:
+        def failing(*args, **kwargs):
+            self.engine._sampler.sample = self.original
+            raise Injected("sampler failed")
+        self.engine._sampler.sample = failing
+
+
+class ProcessorFailure:
+    def __init__(self, engine: Engine) -> None:
+        self.armed = False
+
+    def processor(self, token_ids, logits):
+        if self.armed:
+            self.armed = False
+            raise Injected("logits processor failed")
+        logits[7] -= 1.0  # a real change, so the processor matters to the outputs
+        return logits
+
+    def arm(self) -> None:
+        self.armed = True
+
+
+@pytest.fixture(scope="module")
+def reference(llama_dir):
+    return run(make_engine(llama_dir))
+
+
+@pytest.mark.parametrize("fail_at", [0, 3, 9, 20])
+@pytest.mark.parametrize("kind", [ForwardFailure, SamplerFailure])
+def test_failure_leaves_the_engine_as_before(llama_dir, reference, kind, fail_at):
+    engine = make_engine(llama_dir)
+    got = run(engine, fail_at, kind(engine))
+    assert got == reference
+    assert engine.stats()["num_free_blocks"] == engine.stats()["num_blocks"]
+
+
+@pytest.mark.parametrize("fail_at", [2, 12])
+def test_failing_logits_processor(llama_dir, fail_at):
+    reference_engine = make_engine(llama_dir)
+    expected = run(reference_engine, None, ProcessorFailure(reference_engine))
+    engine = make_engine(llama_dir)
+    got = run(engine, fail_at, ProcessorFailure(engine))
+    assert got == expected
+
+
+def test_an_abort_before_a_failed_step_is_delivered_by_the_next_one(llama_dir):
+    engine = make_engine(llama_dir)
+    a = engine.add_request(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=5))
+    b = engine.add_request(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=5))
+    engine.step()
+    engine.abort_request(a)
+    inject = ForwardFailure(engine)
+    inject.arm()
+    with pytest.raises(Injected):
+        engine.step()
+    assert engine.has_unfinished_requests()
+    outs = engine.step()
+    assert [(o.request_id, o.finish_reason) for o in outs if o.finished] == [(a, "abort")]
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert not engine._bm.contains(b)
