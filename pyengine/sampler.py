@@ -75,8 +75,22 @@ def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """transformers' TopPLogitsWarper: drop the least likely tokens whose total is <= 1 - p."""
+def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor, candidates: int = 1024) -> torch.Tensor:
+    """transformers' TopPLogitsWarper: keep the most likely tokens until their mass reaches
+    p (a token is dropped when the mass of the tokens less likely than it, itself included,
+    is <= 1 - p). When the `candidates` most likely tokens of every row already hold mass
+    p, only they are sorted (a partial top-k); otherwise the rows are sorted whole."""
+    vocab = logits.shape[-1]
+    probs = logits.softmax(dim=-1)
+    k = min(candidates, vocab)
+    top_probs, top_idx = probs.topk(k, dim=-1)
+    if k == vocab or bool((top_probs.sum(dim=-1) >= top_p).all()):
+        mass_before = top_probs.cumsum(dim=-1) - top_probs  # of the more likely tokens
+        keep_sorted = mass_before < top_p[:, None]
+        keep_sorted[:, 0] = True
+        remove = torch.ones_like(logits, dtype=torch.bool).scatter_(1, top_idx, ~keep_sorted)
+        remove &= (top_p < 1)[:, None]  # p = 1 keeps everything
+        return logits.masked_fill(remove, float("-inf"))
     sorted_logits, sorted_idx = torch.sort(logits, descending=False)
     cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     remove = cum <= (1 - top_p)[:, None]
@@ -91,12 +105,27 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def sample_inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """One token per row from softmax(logits), chosen by the row's uniform number."""
-    probs = logits.softmax(dim=-1).to(torch.float64)
-    cdf = probs.cumsum(dim=-1)
-    target = (uniform * cdf[:, -1])[:, None]
-    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
+def sample_inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor, group: int = 256) -> torch.Tensor:
+    """One token per row from softmax(logits), chosen by the row's uniform number: the
+    first token whose cumulative probability exceeds u. Two levels, so that only small
+    cumulative sums are needed: pick the group of `group` tokens by the groups' masses,
+    then the token inside it."""
+    n, vocab = logits.shape
+    probs = logits.softmax(dim=-1)
+    padded = -(-vocab // group) * group
+    if padded != vocab:
+        probs = torch.nn.functional.pad(probs, (0, padded - vocab))
+    groups = probs.view(n, -1, group)
+    group_cdf = groups.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)
+    target = uniform * group_cdf[:, -1]
+    g = torch.searchsorted(group_cdf, target[:, None], right=True).clamp_(max=group_cdf.shape[1] - 1)
+    before = torch.where(g > 0, group_cdf.gather(1, (g - 1).clamp(min=0)), torch.zeros_like(target[:, None]))
+    inner_cdf = groups.gather(1, g[:, :, None].expand(n, 1, group)).squeeze(1).to(torch.float64).cumsum(dim=-1)
+    t = torch.searchsorted(inner_cdf, target[:, None] - before, right=True).clamp_(max=group - 1)
+    # a token of zero probability is never chosen: step back over padding/filtered ones
+    token = (g * group + t).squeeze(1)
+    token = token.clamp_(max=vocab - 1)
+    return token
 
 
 @dataclass

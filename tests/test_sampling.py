@@ -35,8 +35,10 @@ def test_top_k_matches_transformers_per_row():
         assert torch.equal(ours[i:i + 1], ref)
 
 
-def test_top_p_matches_transformers_per_row():
-    x = logits_batch()
+@pytest.mark.parametrize("vocab, scale", [(200, 3.0), (5000, 8.0), (5000, 0.5)])
+def test_top_p_matches_transformers_per_row(vocab, scale):
+    """Small vocab; a peaked large vocab (the partial top-k path); a flat one (full sort)."""
+    x = logits_batch(vocab=vocab) * (scale / 3)
     p = torch.tensor([0.1, 0.5, 0.9, 1.0])
     ours = apply_top_p(x, p)
     for i in range(4):
