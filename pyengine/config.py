@@ -14,10 +14,13 @@ class KvCacheConfig:
     """The paged KV cache.
 
     tokens_per_block: tokens in one KV block (the paging unit and the chunk unit).
-    max_tokens: capacity in tokens; None sizes the pool to `free_memory_fraction` of the
-        available memory, but never more than every seat needs at `max_seq_len`.
-    free_memory_fraction: share of the available memory the pool may take when
-        `max_tokens` is None.
+    free_memory_fraction: the share of the memory left after a measured worst-case batch
+        that the pool may take (see pyengine/kv_capacity.py). None, with `max_tokens`
+        set, skips the measurement and uses `max_tokens` as is (so does the environment
+        variable PYENGINE_SKIP_KV_ESTIMATION=1).
+    max_tokens: caps the pool, in tokens.
+    max_memory_bytes: caps the pool, in bytes.
+    The pool is also never larger than every sequence slot at `max_seq_len` needs.
     dtype: storage dtype of K and V; "auto" follows the model's dtype.
     enable_block_reuse: requests sharing a prefix share its full KV blocks (prefix caching);
         freed blocks stay reusable until their memory is needed (least recently used first).
@@ -25,7 +28,8 @@ class KvCacheConfig:
 
     tokens_per_block: int = 16
     max_tokens: int | None = None
-    free_memory_fraction: float = 0.5
+    free_memory_fraction: float | None = 0.9
+    max_memory_bytes: int | None = None
     dtype: str = "auto"
     enable_block_reuse: bool = True
 
@@ -34,8 +38,14 @@ class KvCacheConfig:
             raise ValueError(f"tokens_per_block must be a positive int, got {self.tokens_per_block!r}")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be a positive int or None, got {self.max_tokens!r}")
-        if not 0.0 < self.free_memory_fraction <= 1.0:
-            raise ValueError(f"free_memory_fraction must be in (0, 1], got {self.free_memory_fraction!r}")
+        if self.free_memory_fraction is None:
+            if self.max_tokens is None:
+                raise ValueError("free_memory_fraction=None needs max_tokens: the pool size must come from somewhere")
+        elif not isinstance(self.free_memory_fraction, (int, float)) or not 0.0 < self.free_memory_fraction <= 1.0:
+            raise ValueError(f"free_memory_fraction must be in (0, 1] or None, got {self.free_memory_fraction!r}")
+        if self.max_memory_bytes is not None and (not isinstance(self.max_memory_bytes, int)
+                                                  or self.max_memory_bytes < 1):
+            raise ValueError(f"max_memory_bytes must be a positive int or None, got {self.max_memory_bytes!r}")
         if self.dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"KV cache dtype must be one of {KV_CACHE_DTYPES}, got {self.dtype!r}")
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import array
+import contextlib
 import hashlib
 import itertools
 import logging
 import math
-import os
 import time
 from collections import deque
 from pathlib import Path
@@ -19,6 +19,8 @@ from pyengine._core import CoreBatchManager
 from pyengine.config import KvCacheConfig, SchedulerConfig
 from pyengine.detokenizer import IncrementalDetokenizer
 from pyengine.executor import ModelRunner
+from pyengine.kv_capacity import (SKIP_ENV, CpuMemoryProbe, KvCapacity, MemoryReading, capacity_from_reading,
+                                  configured_capacity, skip_requested)
 from pyengine.models import LlamaFamilyModel, ModelConfig
 from pyengine.models.loader import load_tensors
 from pyengine.outputs import RequestMetrics, RequestOutput
@@ -33,6 +35,16 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 FINISH_REASONS = {1: "stop", 2: "stop", 3: "length", 4: "abort", 5: "stop"}
 
 Prompt = str | Sequence[int]
+
+
+class StartupError(RuntimeError):
+    """Engine(...) failed; `phase` names the start-up phase ("config", "weights",
+    "kv_capacity", "scheduler", "executor") and the original exception is the cause."""
+
+    def __init__(self, phase: str, error: BaseException) -> None:
+        super().__init__(f"pyengine start-up failed in phase '{phase}': {type(error).__name__}: {error}")
+        self.phase = phase
+        self.error = error
 
 
 def _parse_dtype(dtype: str | torch.dtype, what: str) -> torch.dtype:
@@ -57,18 +69,6 @@ def cache_salt_key(salt: str | bytes | None) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") or 1
 
 
-def _available_memory_bytes() -> int:
-    """MemAvailable of /proc/meminfo (the OS's estimate of what can be allocated)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-
 class Engine:
     """An in-process LLM engine driven by the caller, one synchronous `step()` at a time.
 
@@ -84,53 +84,22 @@ class Engine:
                  scheduler_config: SchedulerConfig | None = None,
                  max_seq_len: int | None = None, seed: int | None = None) -> None:
         self._closed = True
-        self.kv_cache_config = kv_cache_config or KvCacheConfig()
-        self.scheduler_config = scheduler_config or SchedulerConfig()
-        self.dtype = _parse_dtype(dtype, "dtype")
-        kv_dtype = self.dtype if self.kv_cache_config.dtype == "auto" else DTYPES[self.kv_cache_config.dtype]
-        self.model_dir = Path(model)
-
-        self.model_config = ModelConfig.from_model_dir(self.model_dir)
-        mc = self.model_config
-        if max_seq_len is None:
-            max_seq_len = mc.max_position_embeddings
-        if not isinstance(max_seq_len, int) or not 1 <= max_seq_len <= mc.max_position_embeddings:
-            raise ValueError(f"max_seq_len must be in [1, max_position_embeddings={mc.max_position_embeddings}], "
-                             f"got {max_seq_len!r}")
-        self.max_seq_len = max_seq_len
-        self.tokenizer = self._load_tokenizer(self.model_dir)
-
-        names, optional = LlamaFamilyModel.weight_names(mc)
-        weights = load_tensors(self.model_dir, names, self.dtype, optional)
-        model_obj = LlamaFamilyModel(mc, weights, self.dtype, max_seq_len)
-
-        sc, kc = self.scheduler_config, self.kv_cache_config
-        tpb = kc.tokens_per_block
-        bytes_per_token = mc.kv_bytes_per_token_per_elem * torch.empty((), dtype=kv_dtype).element_size()
-        if kc.max_tokens is not None:
-            num_blocks = math.ceil(kc.max_tokens / tpb)
-        else:
-            budget = int(_available_memory_bytes() * kc.free_memory_fraction)
-            wanted = sc.max_batch_size * math.ceil(max_seq_len / tpb)  # every seat at full length
-            num_blocks = min(wanted, budget // (bytes_per_token * tpb))
-        num_seats = compute_max_num_sequences(sc.max_batch_size, overlap=False)
-        if num_blocks < num_seats:
-            raise ValueError(f"the KV pool ({num_blocks} blocks) cannot cover the seat pool ({num_seats} sequence "
-                             f"slots, one block each at least): raise KvCacheConfig.max_tokens or lower max_batch_size")
-        if num_blocks * tpb < max_seq_len:
-            raise ValueError(f"the KV pool holds {num_blocks * tpb} tokens ({num_blocks} blocks of {tpb}), "
-                             f"fewer than max_seq_len={max_seq_len}: raise KvCacheConfig.max_tokens or lower max_seq_len")
-
-        self._bm = CoreBatchManager(
-            max_batch_size=sc.max_batch_size, max_num_tokens=sc.max_num_tokens, max_seq_len=max_seq_len,
-            tokens_per_block=tpb, num_blocks=num_blocks, enable_chunked_context=sc.enable_chunked_prefill,
-            policy=sc.capacity_scheduler_policy, vocab_size=mc.vocab_size, num_seq_slots=num_seats,
-            enable_block_reuse=kc.enable_block_reuse, queue_policy=sc.queue_policy)
-        self._runner = ModelRunner(model_obj, self._bm, sc.max_batch_size, num_blocks, tpb, kv_dtype)
-        logger.info("pyengine: %s (%s, %d layers) in %s; KV pool %d blocks x %d tokens (%.1f MiB, %s)",
-                    self.model_dir, mc.model_type, mc.num_layers, self.dtype, num_blocks, tpb,
-                    self._runner.kv_pool_bytes / 2**20, kv_dtype)
-        self._sampler = Sampler(self._bm.num_slots, mc.vocab_size, seed)
+        self._phases: list[tuple[str, float]] = []
+        self._capacity: KvCapacity | None = None
+        with self._phase("config"):
+            self._configure(model, dtype, kv_cache_config, scheduler_config, max_seq_len)
+        with self._phase("weights"):
+            names, optional = LlamaFamilyModel.weight_names(self.model_config)
+            weights = load_tensors(self.model_dir, names, self.dtype, optional)
+            model_obj = LlamaFamilyModel(self.model_config, weights, self.dtype, self.max_seq_len)
+        with self._phase("kv_capacity"):
+            self._capacity = self._estimate_kv_capacity(model_obj)
+        with self._phase("scheduler"):
+            self._build_scheduler(seed)
+        with self._phase("executor"):
+            self._runner = ModelRunner(model_obj, self._bm, self.scheduler_config.max_batch_size,
+                                       self._capacity.num_blocks, self.kv_cache_config.tokens_per_block,
+                                       self.kv_dtype)
         self._requests: dict[int, RequestState] = {}
         self._finished_ids: set[int] = set()
         self._streams: dict[int, deque[RequestOutput]] = {}
@@ -139,6 +108,106 @@ class Engine:
         self._ids = itertools.count()
         self.reset_timings()
         self._closed = False
+        cap = self._capacity
+        logger.info("pyengine: %s (%s, %d layers, %s) ready: KV pool %d blocks x %d tokens = %.1f MiB (%s, %s); "
+                    "start-up %s", self.model_dir, self.model_config.model_type, self.model_config.num_layers,
+                    self.dtype, cap.num_blocks, cap.tokens_per_block, cap.num_blocks * cap.bytes_per_block / 2**20,
+                    self.kv_dtype, cap.source, ", ".join(f"{n} {t:.2f} s" for n, t in self._phases))
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        """Times a start-up phase; a failure in it raises StartupError naming the phase."""
+        start = time.perf_counter()
+        try:
+            yield
+        except Exception as e:
+            raise StartupError(name, e) from e
+        self._phases.append((name, time.perf_counter() - start))
+
+    def _configure(self, model: str | Path, dtype: str | torch.dtype, kv_cache_config: KvCacheConfig | None,
+                   scheduler_config: SchedulerConfig | None, max_seq_len: int | None) -> None:
+        self.kv_cache_config = kv_cache_config or KvCacheConfig()
+        self.scheduler_config = scheduler_config or SchedulerConfig()
+        self.dtype = _parse_dtype(dtype, "dtype")
+        kv = self.kv_cache_config.dtype
+        self.kv_dtype = self.dtype if kv == "auto" else DTYPES[kv]
+        self.model_dir = Path(model)
+        self.model_config = ModelConfig.from_model_dir(self.model_dir)
+        mc = self.model_config
+        if max_seq_len is None:
+            max_seq_len = mc.max_position_embeddings
+        if not isinstance(max_seq_len, int) or not 1 <= max_seq_len <= mc.max_position_embeddings:
+            raise ValueError(f"max_seq_len must be in [1, max_position_embeddings={mc.max_position_embeddings}], "
+                             f"got {max_seq_len!r}")
+        self.max_seq_len = max_seq_len
+        self.num_seats = compute_max_num_sequences(self.scheduler_config.max_batch_size, overlap=False)
+        self.tokenizer = self._load_tokenizer(self.model_dir)
+
+    def _estimate_kv_capacity(self, model_obj: LlamaFamilyModel) -> KvCapacity:
+        kc, sc, mc = self.kv_cache_config, self.scheduler_config, self.model_config
+        tpb = kc.tokens_per_block
+        bytes_per_block = mc.kv_bytes_per_token_per_elem * tpb * torch.empty((), dtype=self.kv_dtype).element_size()
+        if kc.free_memory_fraction is None or skip_requested():
+            if kc.max_tokens is None:
+                raise ValueError(f"{SKIP_ENV} is set but KvCacheConfig.max_tokens is not: the pool size must come "
+                                 "from somewhere")
+            cap = configured_capacity(kc.max_tokens, tpb, bytes_per_block)
+        else:
+            reading = self._measure_worst_case_batch(model_obj)
+            cap = capacity_from_reading(
+                reading, tokens_per_block=tpb, bytes_per_block=bytes_per_block,
+                free_memory_fraction=kc.free_memory_fraction, max_tokens=kc.max_tokens,
+                max_memory_bytes=kc.max_memory_bytes,
+                seat_cap_blocks=self.num_seats * math.ceil(self.max_seq_len / tpb))
+        if cap.num_blocks < self.num_seats:
+            raise ValueError(f"the KV pool ({cap.num_blocks} blocks) cannot cover the seat pool ({self.num_seats} "
+                             "sequence slots, one block each at least): raise KvCacheConfig.max_tokens or "
+                             "max_memory_bytes, or lower max_batch_size")
+        if cap.max_tokens_in_pool < self.max_seq_len:
+            raise ValueError(f"the KV pool holds {cap.max_tokens_in_pool} tokens ({cap.num_blocks} blocks of {tpb}), "
+                             f"fewer than max_seq_len={self.max_seq_len}: one request of max_seq_len tokens would "
+                             "never fit; raise KvCacheConfig.max_tokens or lower max_seq_len")
+        return cap
+
+    def _measure_worst_case_batch(self, model_obj: LlamaFamilyModel) -> MemoryReading:
+        """Pass 1: a small cache, a worst-case dummy batch — max_num_tokens in one forward,
+        one long context plus a full batch of one-token rows — and its memory peak."""
+        sc, tpb = self.scheduler_config, self.kv_cache_config.tokens_per_block
+        rows = max(1, min(sc.max_batch_size, sc.max_num_tokens))
+        context = max(1, min(sc.max_num_tokens - (rows - 1), self.max_seq_len - 1))
+        blocks = math.ceil((context + 1) / tpb) + rows
+        bm = CoreBatchManager(max_batch_size=rows, max_num_tokens=context + rows - 1,
+                              max_seq_len=max(context + 1, rows), tokens_per_block=tpb, num_blocks=blocks,
+                              enable_chunked_context=False, vocab_size=self.model_config.vocab_size)
+        runner = ModelRunner(model_obj, bm, rows, blocks, tpb, self.kv_dtype)
+        bm.add_request(0, array.array("i", [1] * context), 1)
+        for i in range(1, rows):
+            bm.add_request(i, array.array("i", [1]), 1)
+
+        def dummy_batch() -> None:
+            num_tokens, num_seqs, num_logits = bm.schedule(0.0)
+            runner.forward(num_tokens, num_seqs, num_logits)
+
+        reading = CpuMemoryProbe().measure(dummy_batch)
+        bm.rollback()
+        del runner, bm  # pass 1's cache goes before pass 2 builds the real one
+        return reading
+
+    def _build_scheduler(self, seed: int | None) -> None:
+        sc, kc, mc = self.scheduler_config, self.kv_cache_config, self.model_config
+        self._bm = CoreBatchManager(
+            max_batch_size=sc.max_batch_size, max_num_tokens=sc.max_num_tokens, max_seq_len=self.max_seq_len,
+            tokens_per_block=kc.tokens_per_block, num_blocks=self._capacity.num_blocks,
+            enable_chunked_context=sc.enable_chunked_prefill, policy=sc.capacity_scheduler_policy,
+            vocab_size=mc.vocab_size, num_seq_slots=self.num_seats, enable_block_reuse=kc.enable_block_reuse,
+            queue_policy=sc.queue_policy)
+        self._sampler = Sampler(self._bm.num_slots, mc.vocab_size, seed)
+
+    def startup_report(self) -> dict[str, Any]:
+        """The start-up phases with their seconds, and the KV capacity figures."""
+        return {"phases": [{"name": n, "seconds": t} for n, t in self._phases],
+                "kv_capacity": self._capacity.as_dict(), "num_seats": self.num_seats,
+                "max_seq_len": self.max_seq_len}
 
     # ---- requests -------------------------------------------------------------------------
 

@@ -3,10 +3,16 @@ into the model's inputs without copying them."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from pyengine._core import CoreBatchManager
 from pyengine.models import AttentionMetadata, LlamaFamilyModel
+
+
+# Every KV pool alive in the process (tests check that a failed start-up leaves none).
+LIVE_KV_POOLS: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
 
 
 class ModelRunner:
@@ -18,6 +24,7 @@ class ModelRunner:
         self.kv_pool = torch.empty((c.num_layers, 2, num_blocks, c.num_kv_heads, tokens_per_block, c.head_dim),
                                    dtype=kv_dtype)
         self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(c.num_layers)]
+        LIVE_KV_POOLS.add(self.kv_pool)
         b = bm.buffers
 
         def view(name: str, dtype: torch.dtype = torch.int32) -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from hf_reference import hf_greedy
-from pyengine import Engine, KvCacheConfig, RequestOutput, SamplingParams, SchedulerConfig
+from pyengine import Engine, KvCacheConfig, RequestOutput, SamplingParams, SchedulerConfig, StartupError
 
 PROMPTS = [[5, 9, 44, 71, 100, 3, 8], [300, 12, 17], list(range(10, 70)), [42] * 25]
 
@@ -184,7 +184,8 @@ def test_unknown_model_type_is_named(llama_dir, tmp_path):
     cfg = json.loads((bad / "config.json").read_text())
     cfg["model_type"] = "gpt2"
     (bad / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="unsupported model_type 'gpt2'; supported: llama, mistral, qwen2, qwen3"):
+    with pytest.raises(StartupError, match="phase 'config': ValueError: unsupported model_type 'gpt2'; "
+                                           "supported: llama, mistral, qwen2, qwen3"):
         Engine(bad)
 
 
@@ -194,7 +195,7 @@ def test_missing_tensor_is_named(llama_dir, tmp_path):
     tensors = load_file(str(bad / "model.safetensors"))
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(ValueError, match="missing tensor 'model.layers.1.mlp.up_proj.weight'"):
+    with pytest.raises(StartupError, match="phase 'weights'.*missing tensor 'model.layers.1.mlp.up_proj.weight'"):
         Engine(bad)
 
 
@@ -204,23 +205,24 @@ def test_wrong_tensor_shape_and_malformed_files(llama_dir, tmp_path):
     cfg = json.loads((bad / "config.json").read_text())
     cfg["intermediate_size"] = 96
     (bad / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="'model.layers.0.mlp.gate_proj.weight' has shape \\(128, 64\\), expected \\(96, 64\\)"):
+    with pytest.raises(StartupError, match="phase 'weights'.*'model.layers.0.mlp.gate_proj.weight' has shape "
+                                           "\\(128, 64\\), expected \\(96, 64\\)"):
         Engine(bad)
     (bad / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="malformed"):
+    with pytest.raises(StartupError, match="phase 'config'.*malformed"):
         Engine(bad)
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(StartupError, match="phase 'config': FileNotFoundError: no config.json"):
         Engine(tmp_path / "nowhere")
 
 
 def test_bad_engine_configuration_is_named(llama_dir):
-    with pytest.raises(ValueError, match="dtype must be one of"):
+    with pytest.raises(StartupError, match="phase 'config'.*dtype must be one of"):
         Engine(llama_dir, dtype="int8")
     with pytest.raises(ValueError, match="capacity_scheduler_policy must be one of"):
         SchedulerConfig(capacity_scheduler_policy="fastest")
-    with pytest.raises(ValueError, match="fewer than max_seq_len=1024"):
+    with pytest.raises(StartupError, match="phase 'kv_capacity'.*fewer than max_seq_len=1024"):
         Engine(llama_dir, kv_cache_config=KvCacheConfig(max_tokens=64), scheduler_config=SchedulerConfig(max_batch_size=2))
-    with pytest.raises(ValueError, match="max_seq_len must be in"):
+    with pytest.raises(StartupError, match="phase 'config'.*max_seq_len must be in"):
         Engine(llama_dir, max_seq_len=5000)
 
 
