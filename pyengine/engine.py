@@ -10,6 +10,8 @@ import logging
 import math
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -25,7 +27,7 @@ from pyengine.models import LlamaFamilyModel, ModelConfig
 from pyengine.models.loader import load_tensors
 from pyengine.outputs import RequestMetrics, RequestOutput
 from pyengine.request_state import RequestState, metrics_from_core
-from pyengine.sampler import Sampler, top_logprobs
+from pyengine.sampler import SampleResult, Sampler, top_logprobs
 from pyengine.sampling_params import SamplingParams
 
 logger = logging.getLogger("pyengine")
@@ -35,6 +37,18 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 FINISH_REASONS = {1: "stop", 2: "stop", 3: "length", 4: "abort", 5: "stop"}
 
 Prompt = str | Sequence[int]
+
+
+@dataclass
+class _Batch:
+    """One scheduled step: sizes from the batch manager, its events, prompt-logprob rows."""
+
+    num_tokens: int
+    num_seqs: int
+    num_logits: int
+    events: dict
+    prompt_rows: tuple[torch.Tensor, list] | None = None
+    undone: bool = False
 
 
 class StartupError(RuntimeError):
@@ -77,13 +91,20 @@ class Engine:
     max_seq_len: prompt + generated tokens of one request; defaults to the model's
         max_position_embeddings.
     seed: seeds the seeds drawn for requests that give none (None: random).
+    overlap: run step n's forward in a worker thread while step n-1's outputs are built;
+        each step() then returns the previous step's outputs (one step of extra latency to
+        every request's first output), identical to those without overlap. The seat pool
+        doubles so that retiring and newly admitted requests can hold seats at once.
     """
 
     def __init__(self, model: str | Path, dtype: str | torch.dtype = "float32",
                  kv_cache_config: KvCacheConfig | None = None,
                  scheduler_config: SchedulerConfig | None = None,
-                 max_seq_len: int | None = None, seed: int | None = None) -> None:
+                 max_seq_len: int | None = None, seed: int | None = None, overlap: bool = False) -> None:
         self._closed = True
+        self._pool: ThreadPoolExecutor | None = None
+        self._inflight: tuple | None = None  # overlap: the step sampled but not yet updated
+        self.overlap = bool(overlap)
         self._phases: list[tuple[str, float]] = []
         self._capacity: KvCapacity | None = None
         with self._phase("config"):
@@ -100,6 +121,8 @@ class Engine:
             self._runner = ModelRunner(model_obj, self._bm, self.scheduler_config.max_batch_size,
                                        self._capacity.num_blocks, self.kv_cache_config.tokens_per_block,
                                        self.kv_dtype)
+            if self.overlap:  # last: nothing after it can fail and leave the thread behind
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyengine-forward")
         self._requests: dict[int, RequestState] = {}
         self._finished_ids: set[int] = set()
         self._streams: dict[int, deque[RequestOutput]] = {}
@@ -140,7 +163,7 @@ class Engine:
             raise ValueError(f"max_seq_len must be in [1, max_position_embeddings={mc.max_position_embeddings}], "
                              f"got {max_seq_len!r}")
         self.max_seq_len = max_seq_len
-        self.num_seats = compute_max_num_sequences(self.scheduler_config.max_batch_size, overlap=False)
+        self.num_seats = compute_max_num_sequences(self.scheduler_config.max_batch_size, overlap=self.overlap)
         self.tokenizer = self._load_tokenizer(self.model_dir)
 
     def _estimate_kv_capacity(self, model_obj: LlamaFamilyModel) -> KvCapacity:
@@ -301,7 +324,7 @@ class Engine:
 
     def has_unfinished_requests(self) -> bool:
         """True while some request has not delivered its final output."""
-        return self._bm.has_unfinished() or bool(self._pending_outputs)
+        return self._bm.has_unfinished() or bool(self._pending_outputs) or self._inflight is not None
 
     # ---- the step -------------------------------------------------------------------------
 
@@ -309,52 +332,162 @@ class Engine:
         """Runs one step (schedule, forward, sample, update, respond, free); returns the
         outputs of the requests that advanced or ended in it.
 
+        With overlap=True, step n's forward runs in a worker thread while step n-1's
+        results are turned into outputs, and each call returns step n-1's outputs: the same
+        outputs, one call later.
+
         Atomic: if the forward, the sampler or a user's logits processor raises, the
         exception reaches the caller and the engine is as it was before the step (same
         requests in the same states, no seat or block changed hands); calling step() again
-        continues. Aborts requested before the step take effect regardless; their final
-        outputs come with the next step that succeeds."""
+        continues. Aborts requested before the step take effect regardless, and outputs
+        already produced (the previous step's, with overlap) come with the next step that
+        succeeds."""
         self._check_open()
-        bm, sampler, clock, timings = self._bm, self._sampler, time.perf_counter, self._timings
-        t0 = clock()
-        num_tokens, num_seqs, num_logits = bm.schedule(time.monotonic())
-        events = bm.events()
-        self._pending_outputs.extend(self._final_abort(rid) for rid in events["aborted"])
+        return self._step_overlap() if self._pool is not None else self._step_plain()
+
+    def _step_plain(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        batch = self._schedule()
+        t1 = time.perf_counter()
         try:
-            self._seat_sampler_rows(events)
-            t1 = clock()
-            if num_seqs > 0:
-                prompt_rows = self._prompt_logprob_rows(num_seqs) if self._num_prompt_logprobs else None
-                logits = self._runner.forward(num_tokens, num_seqs, num_logits,
-                                              None if prompt_rows is None else prompt_rows[0])
-                t2 = clock()
-                result = sampler.sample(logits[:num_logits], self._runner.logits_slots[:num_logits])
-                t3 = clock()
+            forwarded = self._forward(batch) if batch.num_seqs else None
+            t2 = time.perf_counter()
+            result = self._sample(batch, forwarded) if batch.num_seqs else None
         except BaseException:
-            self._unseat_sampler_rows(events)
-            bm.rollback()
+            self._undo_schedule(batch)
             raise
-        # Commit point: nothing below depends on user code or on the forward.
+        t3 = time.perf_counter()
         outputs, self._pending_outputs = self._pending_outputs, []
-        timings["schedule"] += t1 - t0
-        if num_seqs > 0:
-            sampler.commit(result)
-            bm.update_from_ptr(result.tokens.data_ptr(), num_logits, time.monotonic())
-            if prompt_rows is not None:
-                self._record_prompt_logprobs(logits[num_logits:], prompt_rows[1])
-            events = bm.events()
-            for k, (rid, token, done, reason) in enumerate(zip(
-                    events["output_request_ids"], events["tokens"], events["finished"], events["finish_reasons"])):
-                outputs.append(self._advance(rid, token, bool(done), reason, result.logprobs[k]))
-            bm.free_finished()  # sampler rows of the finished were released in _advance
-            timings["forward"] += t2 - t1
-            timings["sample"] += t3 - t2
-            timings["update"] += clock() - t3
-            timings["steps"] += 1
+        outputs += self._abort_outputs(batch)
+        if result is not None:
+            outputs += self._respond(self._update(batch, forwarded, result))
+            self._bm.free_finished()
+            self._account(t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
+        return self._route(outputs)
+
+    def _step_overlap(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        items = None
+        if self._inflight is not None:  # step n-1: sampled last call; its C++ update is cheap
+            prev, self._inflight = self._inflight, None
+            items = self._update(*prev)
+            self._bm.free_finished()  # what ended by a stop condition left every batch
+        batch = self._schedule()
+        t1 = time.perf_counter()
+        future = self._pool.submit(self._forward, batch) if batch.num_seqs else None
+        # While the forward runs: step n-1's outputs (detokenization, stop strings, streams).
+        outputs, self._pending_outputs = self._pending_outputs, []
+        if items is not None:
+            outputs += self._respond(items)
+        outputs += self._abort_outputs(batch)
+        t2 = time.perf_counter()
+        try:
+            forwarded = future.result() if future is not None else None
+            t3 = time.perf_counter()
+            result = self._sample(batch, forwarded) if future is not None else None
+        except BaseException:
+            batch.undone = True  # its aborts' outputs are in `outputs` already
+            self._undo_schedule(batch)
+            self._pending_outputs = outputs + self._pending_outputs  # delivered by the next step that succeeds
+            raise
+        if result is not None:
+            self._inflight = (batch, forwarded, result)
+            self._account(t1 - t0, t3 - t2, time.perf_counter() - t3, t2 - t1)
+        return self._route(outputs)
+
+    def _account(self, schedule: float, forward: float, sample: float, update: float) -> None:
+        t = self._timings
+        t["schedule"] += schedule
+        t["forward"] += forward
+        t["sample"] += sample
+        t["update"] += update
+        t["steps"] += 1
+
+    def _route(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         for out in outputs:
             queue = self._streams.get(out.request_id)
             if queue is not None:
                 queue.append(out)
+        return outputs
+
+    def _schedule(self) -> "_Batch":
+        """The batch manager's schedule, the aborts it dropped, the sampler rows it seats."""
+        bm = self._bm
+        num_tokens, num_seqs, num_logits = bm.schedule(time.monotonic())
+        events = bm.events()
+        batch = _Batch(num_tokens, num_seqs, num_logits, events)
+        try:
+            self._seat_sampler_rows(events)
+            if num_seqs and self._num_prompt_logprobs:
+                batch.prompt_rows = self._prompt_logprob_rows(num_seqs)
+        except BaseException:
+            self._undo_schedule(batch)
+            raise
+        return batch
+
+    def _abort_outputs(self, batch: "_Batch") -> list[RequestOutput]:
+        """Final outputs of the requests the schedule dropped (after any output of theirs
+        from the step before, with overlap)."""
+        return [self._final_abort(rid) for rid in batch.events["aborted"]]
+
+    def _undo_schedule(self, batch: "_Batch") -> None:
+        """A step failed: roll the schedule back; the aborts it dropped stay dropped and
+        their final outputs wait for the next step that succeeds."""
+        self._unseat_sampler_rows(batch.events)
+        self._bm.rollback()
+        if not batch.undone:
+            batch.undone = True
+            self._pending_outputs.extend(self._abort_outputs(batch))
+
+    def _forward(self, batch: "_Batch") -> torch.Tensor:
+        extra = None if batch.prompt_rows is None else batch.prompt_rows[0]
+        return self._runner.forward(batch.num_tokens, batch.num_seqs, batch.num_logits, extra)
+
+    def _sample(self, batch: "_Batch", logits: torch.Tensor) -> SampleResult:
+        """Samples the batch; changes no state (_update commits it)."""
+        return self._sampler.sample(logits[: batch.num_logits], self._runner.logits_slots[: batch.num_logits])
+
+    def _update(self, batch: "_Batch", logits: torch.Tensor, result: SampleResult) -> list[tuple]:
+        """Commits a sampled step: sampler counters, the token buffer, the batch manager's
+        update (stop conditions). Requests it ended have their sampler rows released and
+        metrics read here, before free_finished() returns their seats."""
+        bm, sampler = self._bm, self._sampler
+        sampler.commit(result)
+        self._runner.record_tokens(batch.num_logits, result.tokens)
+        bm.update_from_ptr(result.tokens.data_ptr(), batch.num_logits, time.monotonic())
+        if batch.prompt_rows is not None:
+            self._record_prompt_logprobs(logits[batch.num_logits:], batch.prompt_rows[1])
+        events = bm.events()
+        items = []
+        for k, (rid, token, done, reason) in enumerate(zip(
+                events["output_request_ids"], events["tokens"], events["finished"], events["finish_reasons"])):
+            metrics = None
+            if done:
+                metrics = bm.request_metrics(rid)
+                sampler.release_slot(metrics["seq_slot"])
+            items.append((rid, token, reason, result.logprobs[k], metrics))
+        return items
+
+    def _respond(self, items: list[tuple]) -> list[RequestOutput]:
+        """Outputs of an updated step: text, stop strings (which end a request early),
+        logprobs, metrics."""
+        outputs = []
+        for rid, token, reason, logprobs, metrics in items:
+            state = self._requests[rid]
+            done = metrics is not None
+            new_text, stopped = state.append_token(token, logprobs, final=done)
+            if stopped and not done:
+                self._bm.finish_stopped(rid, time.monotonic())
+                metrics = self._bm.request_metrics(rid)
+                self._sampler.release_slot(metrics["seq_slot"])
+            if metrics is None:
+                outputs.append(state.output([token], new_text, False, None))
+                continue
+            state.metrics = metrics_from_core(metrics)
+            if not stopped and metrics["stop_token"] >= 0:
+                state.stop_reason = metrics["stop_token"]
+            self._forget(rid)
+            outputs.append(state.output([token], new_text, True, "stop" if stopped else FINISH_REASONS[reason]))
         return outputs
 
     def _seat_sampler_rows(self, events: dict) -> None:
@@ -375,33 +508,18 @@ class Engine:
         for slot in events["new_seated_slots"]:
             sampler.release_slot(slot)
         for rid, slot in zip(events["paused"], events["paused_slots"]):
-            st = self._requests[rid]
-            sampler.init_slot(slot, st.params, st.prompt_token_ids, st.token_ids, st.stop_ids, st.seed)
+            st = self._requests.get(rid)
+            if st is not None:
+                sampler.init_slot(slot, st.params, st.prompt_token_ids, st.token_ids, st.stop_ids, st.seed)
 
     def timings(self) -> dict[str, float]:
         """Seconds spent so far in each part of step() (schedule: batch manager and sampler
-        rows; forward: the model; sample: the sampler; update: stop checks, outputs, frees),
-        and the number of steps that ran a forward."""
+        rows; forward: the model — with overlap, the wait for it; sample: the sampler;
+        update: stop checks, outputs, frees), and the number of steps that ran a forward."""
         return dict(self._timings)
 
     def reset_timings(self) -> None:
         self._timings = dict.fromkeys(("schedule", "forward", "sample", "update", "steps"), 0.0)
-
-    def _advance(self, rid: int, token: int, done: bool, reason: int,
-                 logprobs: dict[int, float] | None) -> RequestOutput:
-        state = self._requests[rid]
-        new_text, stopped = state.append_token(token, logprobs, final=done)
-        if stopped and not done:
-            self._bm.finish_stopped(rid, time.monotonic())
-        if not (done or stopped):
-            return state.output([token], new_text, False, None)
-        m = self._bm.request_metrics(rid)
-        state.metrics = metrics_from_core(m)
-        if not stopped and m["stop_token"] >= 0:
-            state.stop_reason = m["stop_token"]
-        self._sampler.release_slot(m["seq_slot"])  # before free_finished() returns the seat
-        self._forget(rid)
-        return state.output([token], new_text, True, "stop" if stopped else FINISH_REASONS[reason])
 
     def _forget(self, rid: int) -> None:
         state = self._requests.pop(rid)
@@ -533,6 +651,10 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._inflight = None
         self._runner = None  # type: ignore[assignment]
 
     def __enter__(self) -> "Engine":

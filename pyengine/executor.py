@@ -38,11 +38,20 @@ class ModelRunner:
         self.block_tables = view("block_tables").view(max_batch_size, bm.max_blocks_per_seq)
         self.logits_indices = view("logits_indices")
         self.logits_slots = view("logits_slots")
+        self.seq_slots = view("seq_slots")
         self.request_ids = view("request_ids", torch.int64)
+        self.num_generation_seqs = lambda: bm.num_generation_seqs
+        # The last token sampled for each slot (+ the scratch row): generation rows read
+        # their input from here, so a step never waits for the host to learn the previous
+        # step's tokens (the overlap loop's token buffer).
+        self.last_tokens = torch.zeros(bm.num_slots + 1, dtype=torch.int32)
 
     @property
     def kv_pool_bytes(self) -> int:
         return self.kv_pool.numel() * self.kv_pool.element_size()
+
+    def record_tokens(self, num_logits: int, tokens: torch.Tensor) -> None:
+        self.last_tokens[self.logits_slots[:num_logits].long()] = tokens
 
     @torch.inference_mode()
     def forward(self, num_tokens: int, num_seqs: int, num_logits: int,
@@ -55,6 +64,9 @@ class ModelRunner:
             seq_lens=self.seq_lens[:num_seqs],
             block_tables=self.block_tables[:num_seqs],
         )
+        ngen = self.num_generation_seqs()  # generation rows come first, one token each
+        if ngen:
+            self.input_ids[:ngen] = self.last_tokens[self.seq_slots[:ngen].long()]
         rows = self.logits_indices[:num_logits]
         if extra_rows is not None:
             rows = torch.cat([rows, extra_rows])

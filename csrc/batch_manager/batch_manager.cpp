@@ -186,7 +186,7 @@ bool BatchManager::rollback() {
   slots_.rollback();
   for (auto it = snapshots_.rbegin(); it != snapshots_.rend(); ++it) {
     Request* r = it->r;
-    r->state = it->state;
+    if (!r->is_finished()) r->state = it->state;  // an end decided since (a stop string) stands
     r->context_len = it->context_len;
     r->context_pos = it->context_pos;
     r->chunk_size = 0;
@@ -282,9 +282,12 @@ void BatchManager::update(const TokenId* tokens, int32_t num_tokens, double now)
     throw std::invalid_argument("update() got " + str(num_tokens) + " tokens for " + str(meta_.num_logits) +
                                 " logits rows");
   commit_transaction();
-  finished_.clear();
   int32_t k = 0;
   for (Request* r : batch_) {
+    if (r->is_finished()) {  // ended by the caller after this batch was scheduled: discard its token
+      ++k;
+      continue;
+    }
     r->context_pos += r->chunk_size;
     const int32_t full_blocks = r->context_pos / kv_.tokens_per_block();
     if (kv_.reuse_enabled() && full_blocks > r->num_cached_blocks) {

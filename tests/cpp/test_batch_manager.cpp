@@ -107,6 +107,34 @@ TEST(the_caller_can_end_a_generating_request) {
   bm.check_invariants();
 }
 
+TEST(a_request_ended_while_its_next_step_is_in_flight_discards_that_token) {
+  BatchManager bm(small_config());
+  std::vector<TokenId> p{1, 2};
+  bm.add_request(1, p.data(), 2, 10, -1, {}, 0, 0.0);
+  bm.add_request(2, p.data(), 2, 10, -1, {}, 0, 0.0);
+  const ForwardMetadata& m = bm.schedule(0);
+  std::vector<TokenId> t(m.num_logits, 4);
+  bm.update(t.data(), m.num_logits, 0);
+  bm.free_finished();
+  bm.schedule(1);                                                 // step n: both in the batch
+  CHECK(bm.finish_request(1, FinishReason::kStopString, 1.0));    // the caller ends 1 (step n-1's text)
+  std::vector<TokenId> t2{7, 8};
+  bm.update(t2.data(), 2, 2.0);
+  CHECK_EQ(bm.events().output_request_ids, std::vector<RequestId>{2});  // 1's token 7 is discarded
+  CHECK_EQ(bm.request(1).tokens.size(), size_t{3});
+  bm.free_finished();
+  CHECK(!bm.contains(1));
+  // A rollback never revives a request ended meanwhile.
+  bm.add_request(3, p.data(), 2, 10, -1, {}, 0, 0.0);
+  bm.schedule(3);
+  CHECK(bm.finish_request(2, FinishReason::kStopString, 3.0));
+  CHECK(bm.rollback());
+  CHECK(bm.request(2).is_finished());
+  bm.free_finished();
+  CHECK(!bm.contains(2));
+  bm.check_invariants();
+}
+
 TEST(bad_requests_raise_and_change_nothing) {
   BatchManager bm(small_config());
   std::vector<TokenId> p{1, 2, 3};

@@ -92,11 +92,13 @@ class BatchManager {
 
   const ForwardMetadata& schedule(double now);
   // `tokens`: one per logits row of the last schedule(). Throws std::invalid_argument if
-  // `num_tokens` differs from the batch's logits rows.
+  // `num_tokens` differs from the batch's logits rows. The token of a request the caller
+  // ended after scheduling it (finish_request, with the overlap loop) is discarded.
   void update(const TokenId* tokens, int32_t num_tokens, double now);
   // Ends a request that is generating, for a reason found by the caller (a stop string):
-  // it is retired by the next free_finished(). Returns false (changing nothing) if the
-  // request is unknown or not generating.
+  // it is retired by the next free_finished() — with the overlap loop, after the batch in
+  // flight that holds it is updated. Returns false (changing nothing) if the request is
+  // unknown or not generating (an already finished one included).
   bool finish_request(RequestId id, FinishReason reason, double now);
   // Retires the requests finished by the last update(): KV blocks, then slot.
   void free_finished();
