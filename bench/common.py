@@ -225,6 +225,27 @@ def w1_workload(quick: bool = False, vocab_size: int = SMOLLM_VOCAB) -> Workload
     return Workload("W1", w1_requests(vocab_size=vocab_size))
 
 
+def pyengine_bench_args(doc: str | None, argv: list[str] | None, runs: int = 3):
+    """The options the pyengine-only scripts share: --dtype, --runs, --quick."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--runs", type=int, default=runs)
+    p.add_argument("--quick", action="store_true")
+    return p.parse_args(argv)
+
+
+def w1_engine(model_dir: Path, dtype: str, requests: list[Request], **engine_kwargs: Any):
+    """An engine for W1: 64 seats, 2,048-token budget, a pool for every request at once.
+    Prefix reuse is off: benchmark runs repeat the same prompts, which reuse would skip."""
+    from pyengine import Engine, KvCacheConfig, SchedulerConfig
+
+    kv = max(2048, sum(len(r.prompt_token_ids) + r.max_tokens + 16 for r in requests))
+    return Engine(model_dir, dtype=dtype, kv_cache_config=KvCacheConfig(max_tokens=kv, enable_block_reuse=False),
+                  scheduler_config=SchedulerConfig(max_batch_size=64, max_num_tokens=2048), **engine_kwargs)
+
+
 # --------------------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------------------

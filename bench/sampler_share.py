@@ -9,32 +9,25 @@ and the sampler's share of the step, medians over --runs.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import BENCH_THREADS, machine_info, median, set_threads, smollm_checkpoint, w1_workload  # noqa: E402
+from bench.common import (BENCH_THREADS, machine_info, median, pyengine_bench_args, set_threads,  # noqa: E402
+                          smollm_checkpoint, w1_engine, w1_workload)
 
 PARTS = ("schedule", "forward", "sample", "update")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--quick", action="store_true")
-    args = p.parse_args(argv)
+    args = pyengine_bench_args(__doc__, argv)
     set_threads(BENCH_THREADS)
-    from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
+    from pyengine import SamplingParams
 
     wl = w1_workload(quick=args.quick)
-    model_dir = smollm_checkpoint()
-    kv = max(2048, sum(len(r.prompt_token_ids) + r.max_tokens + 16 for r in wl.requests))
-    engine = Engine(model_dir, dtype=args.dtype, kv_cache_config=KvCacheConfig(max_tokens=kv),
-                    scheduler_config=SchedulerConfig(max_batch_size=64, max_num_tokens=2048))
+    engine = w1_engine(smollm_checkpoint(), args.dtype, wl.requests)
     modes = {
         "greedy": dict(temperature=0.0),
         "T=0.8,top_p=0.9": dict(temperature=0.8, top_p=0.9, seed=0),

@@ -11,7 +11,6 @@ reuse on and off, run alternately, medians over --runs, and the ratios (on / off
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -20,7 +19,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import BENCH_THREADS, machine_info, median, set_threads, smollm_checkpoint, w4_requests  # noqa: E402
+from bench.common import (BENCH_THREADS, machine_info, median, pyengine_bench_args, set_threads,  # noqa: E402
+                          smollm_checkpoint, w4_requests)
 
 
 def run_once(model_dir: Path, dtype: str, requests, reuse: bool) -> dict[str, float]:
@@ -44,11 +44,7 @@ def run_once(model_dir: Path, dtype: str, requests, reuse: bool) -> dict[str, fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--quick", action="store_true")
-    args = p.parse_args(argv)
+    args = pyengine_bench_args(__doc__, argv)
     set_threads(BENCH_THREADS)
     if args.quick:
         requests = w4_requests(num_requests=8, shared_len=256, suffix_len=32, output_len=16)

@@ -76,7 +76,8 @@ class PyengineRunner:
         self.engine = Engine(
             str(model_dir),
             dtype=dtype,
-            kv_cache_config=KvCacheConfig(tokens_per_block=TOKENS_PER_BLOCK, max_tokens=kv_tokens),
+            kv_cache_config=KvCacheConfig(tokens_per_block=TOKENS_PER_BLOCK, max_tokens=kv_tokens,
+                                          enable_block_reuse=False),  # runs repeat the prompts
             scheduler_config=SchedulerConfig(
                 max_batch_size=64, max_num_tokens=2048, enable_chunked_prefill=True
             ),

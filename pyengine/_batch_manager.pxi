@@ -228,14 +228,29 @@ cdef class CoreBatchManager:
         self.bm.free_finished()
 
     def events(self) -> dict:
+        """What schedule() changed: aborted, paused and newly seated requests with their slots."""
         cdef const StepEvents* e = &self.bm.events()
         return {
             "aborted": e.aborted, "aborted_slots": e.aborted_slots,
             "paused": e.paused, "paused_slots": e.paused_slots,
             "new_seated": e.new_seated, "new_seated_slots": e.new_seated_slots,
-            "output_request_ids": e.output_request_ids, "tokens": e.tokens,
-            "finished": e.finished, "finish_reasons": e.finish_reasons,
         }
+
+    def step_outputs(self):
+        """What update() produced, one entry per request that got a token, as a list of
+        (request id, token, finished, finish reason) tuples."""
+        cdef const StepEvents* e = &self.bm.events()
+        cdef size_t i, n = e.output_request_ids.size()
+        return [(e.output_request_ids[i], e.tokens[i], e.finished[i] != 0, e.finish_reasons[i]) for i in range(n)]
+
+    @property
+    def num_finished(self) -> int:
+        """Requests the last update() finished."""
+        cdef const StepEvents* e = &self.bm.events()
+        cdef size_t i, n = 0
+        for i in range(e.finished.size()):
+            n += e.finished[i]
+        return n
 
     def request_metrics(self, int64_t request_id) -> dict:
         cdef const CRequest* r = &self.bm.request(request_id)

@@ -457,10 +457,8 @@ class Engine:
         bm.update_from_ptr(result.tokens.data_ptr(), batch.num_logits, time.monotonic())
         if batch.prompt_rows is not None:
             self._record_prompt_logprobs(logits[batch.num_logits:], batch.prompt_rows[1])
-        events = bm.events()
         items = []
-        for k, (rid, token, done, reason) in enumerate(zip(
-                events["output_request_ids"], events["tokens"], events["finished"], events["finish_reasons"])):
+        for k, (rid, token, done, reason) in enumerate(bm.step_outputs()):
             metrics = None
             if done:
                 metrics = bm.request_metrics(rid)

@@ -186,6 +186,25 @@ static inline void pv_row(const float* __restrict p, const float* __restrict v,
   }
 }
 
+// Online softmax: a block whose probabilities (against the new running max m_new) sum to
+// `bsum` joins a row whose state was (m_old, l, acc): rescale l and acc by
+// exp(m_old - m_new) when the max grew, then add the block.
+static inline void fold_block(float bsum, float m_old, float m_new, float& l, float& m, float* __restrict acc,
+                              int32_t d) {
+  if (m_new > m_old) {
+    const float alpha = m_old == kNegInf ? 0.0f : exp_neg(m_old - m_new);
+    l = l * alpha + bsum;
+    if (alpha == 0.0f) {
+      for (int32_t i = 0; i < d; ++i) acc[i] = 0.0f;
+    } else {
+      scale_row(acc, d, alpha);
+    }
+  } else {
+    l += bsum;
+  }
+  m = m_new;
+}
+
 // Online-softmax update of one query row with the scores s[a..e): rescales acc/l, turns s
 // into probabilities in place, and accumulates P.V.
 static inline void softmax_pv_row(float* __restrict s, const float* __restrict v,
@@ -201,18 +220,7 @@ static inline void softmax_pv_row(float* __restrict s, const float* __restrict v
     s[t] = pt;
     sum += pt;
   }
-  if (m_new > m_old) {
-    const float alpha = m_old == kNegInf ? 0.0f : exp_neg(m_old - m_new);
-    *l = *l * alpha + sum;
-    if (alpha == 0.0f) {
-      for (int32_t i = 0; i < d; ++i) acc[i] = 0.0f;
-    } else {
-      scale_row(acc, d, alpha);
-    }
-  } else {
-    *l += sum;
-  }
-  *m = m_new;
+  fold_block(sum, m_old, m_new, *l, *m, acc, d);
   pv_row(s, v, acc, a, e, d);
 }
 
@@ -318,20 +326,7 @@ static void avx512_rows_t(const float* __restrict q, const float* __restrict k,
       _mm512_storeu_ps(sr + t0, pv);
       sum = _mm512_add_ps(sum, pv);
     }
-    const float bsum = _mm512_reduce_add_ps(sum);
-    if (m_new > m_old) {
-      const float alpha = m_old == kNegInf ? 0.0f : exp_neg(m_old - m_new);
-      l[r] = l[r] * alpha + bsum;
-      float* ar = acc + static_cast<int64_t>(r) * d;
-      if (alpha == 0.0f) {
-        for (int32_t i = 0; i < d; ++i) ar[i] = 0.0f;
-      } else {
-        scale_row(ar, d, alpha);
-      }
-    } else {
-      l[r] += bsum;
-    }
-    m[r] = m_new;
+    fold_block(_mm512_reduce_add_ps(sum), m_old, m_new, l[r], m[r], acc + static_cast<int64_t>(r) * d, d);
   }
   // acc[r] += sum_t p[r][t] * v[t], each V chunk loaded once for the R rows
   for (int32_t i = 0; i < d; i += 16) {
@@ -442,20 +437,7 @@ static void avx512_tile(const float* Q, int32_t M, int32_t G, int32_t pos0, int3
       _mm512_storeu_ps(sr + t0, pv);
       sum = _mm512_add_ps(sum, pv);
     }
-    const float bsum = _mm512_reduce_add_ps(sum);
-    if (m_new > m_old) {
-      const float alpha = m_old == kNegInf ? 0.0f : exp_neg(m_old - m_new);
-      l[r] = l[r] * alpha + bsum;
-      float* ar = acc + static_cast<int64_t>(r) * d;
-      if (alpha == 0.0f) {
-        for (int32_t i = 0; i < d; ++i) ar[i] = 0.0f;
-      } else {
-        scale_row(ar, d, alpha);
-      }
-    } else {
-      l[r] += bsum;
-    }
-    m[r] = m_new;
+    fold_block(_mm512_reduce_add_ps(sum), m_old, m_new, l[r], m[r], acc + static_cast<int64_t>(r) * d, d);
   }
   int32_t r = 0;
   for (; r + 8 <= M; r += 8)
