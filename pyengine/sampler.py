@@ -75,22 +75,33 @@ def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor, candidates: int = 1024) -> torch.Tensor:
-    """transformers' TopPLogitsWarper: keep the most likely tokens until their mass reaches
-    p (a token is dropped when the mass of the tokens less likely than it, itself included,
-    is <= 1 - p). When the `candidates` most likely tokens of every row already hold mass
-    p, only they are sorted (a partial top-k); otherwise the rows are sorted whole."""
+def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor, candidates: int = 1024,
+                tail_candidates: int | None = None) -> torch.Tensor:
+    """transformers' TopPLogitsWarper: sort ascending, drop the tokens whose cumulative
+    probability is <= 1 - p (the most likely token always stays). Sorting a whole
+    vocabulary row is slow, so two partial sorts are tried first: when the `candidates`
+    most likely tokens of every row already hold mass p (a peaked distribution), only they
+    are sorted; when the `tail_candidates` (default: a quarter of the vocabulary) least likely
+    hold more than 1 - p (a flat one), only they are. Otherwise the rows are sorted whole."""
     vocab = logits.shape[-1]
     probs = logits.softmax(dim=-1)
+    limited = top_p < 1  # p = 1 keeps everything
     k = min(candidates, vocab)
     top_probs, top_idx = probs.topk(k, dim=-1)
-    if k == vocab or bool((top_probs.sum(dim=-1) >= top_p).all()):
+    if bool(((top_probs.sum(dim=-1) >= top_p) | ~limited).all()):
         mass_before = top_probs.cumsum(dim=-1) - top_probs  # of the more likely tokens
         keep_sorted = mass_before < top_p[:, None]
         keep_sorted[:, 0] = True
         remove = torch.ones_like(logits, dtype=torch.bool).scatter_(1, top_idx, ~keep_sorted)
-        remove &= (top_p < 1)[:, None]  # p = 1 keeps everything
-        return logits.masked_fill(remove, float("-inf"))
+        return logits.masked_fill(remove & limited[:, None], float("-inf"))
+    k = min(vocab // 4 if tail_candidates is None else tail_candidates, vocab - 1)
+    if k > 0:
+        low_probs, low_idx = probs.topk(k, dim=-1, largest=False)  # ascending
+        cum = low_probs.cumsum(dim=-1)
+        if bool((cum[:, -1] > (1 - top_p)).all()):
+            remove_sorted = cum <= (1 - top_p)[:, None]
+            remove = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, low_idx, remove_sorted)
+            return logits.masked_fill(remove & limited[:, None], float("-inf"))
     sorted_logits, sorted_idx = torch.sort(logits, descending=False)
     cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     remove = cum <= (1 - top_p)[:, None]

@@ -35,15 +35,30 @@ def test_top_k_matches_transformers_per_row():
         assert torch.equal(ours[i:i + 1], ref)
 
 
-@pytest.mark.parametrize("vocab, scale", [(200, 3.0), (5000, 8.0), (5000, 0.5)])
-def test_top_p_matches_transformers_per_row(vocab, scale):
-    """Small vocab; a peaked large vocab (the partial top-k path); a flat one (full sort)."""
+@pytest.mark.parametrize("vocab, scale, tail", [(200, 3.0, None), (5000, 8.0, None), (5000, 0.05, 4096),
+                                               (5000, 1.0, 64)])
+def test_top_p_matches_transformers_per_row(vocab, scale, tail):
+    """Small vocab; a peaked large vocab (only the most likely sorted); a flat one (only the
+    least likely sorted); one in between (sorted whole)."""
     x = logits_batch(vocab=vocab) * (scale / 3)
     p = torch.tensor([0.1, 0.5, 0.9, 1.0])
-    ours = apply_top_p(x, p)
+    ours = apply_top_p(x, p, tail_candidates=tail)
     for i in range(4):
         ref = hf.TopPLogitsWarper(float(p[i]))(None, x[i:i + 1].clone())
         assert torch.equal(ours[i:i + 1], ref)
+
+
+@pytest.mark.parametrize("scale, p", [(8.0, [0.1, 0.5, 0.9, 1.0]), (0.05, [0.85, 0.9, 0.95, 1.0])])
+def test_top_p_partial_sorts_match_transformers(monkeypatch, scale, p):
+    """Peaked rows are decided within the most likely tokens, flat rows within the least
+    likely: neither sorts a whole row (torch.sort is made to fail) and both equal transformers."""
+    x = logits_batch(vocab=20000) * (scale / 3)
+    top_p = torch.tensor(p)
+    refs = [hf.TopPLogitsWarper(p[i])(None, x[i:i + 1].clone()) for i in range(4)]
+    monkeypatch.setattr(torch, "sort", lambda *a, **k: pytest.fail("a whole row was sorted"))
+    ours = apply_top_p(x, top_p)
+    for i in range(4):
+        assert torch.equal(ours[i:i + 1], refs[i])
 
 
 def test_min_p_matches_transformers_per_row():
