@@ -69,14 +69,18 @@ def test_fp32_greedy_equals_transformers(variant, references):
         assert r.finish_reason == "length"
 
 
+@pytest.mark.parametrize("bf16_matmul", ["native", "fp32"])
 @pytest.mark.parametrize("variant", ["llama_gqa", "qwen3"])
-def test_bf16_greedy_is_close_to_transformers(variant, checkpoint_factory):
+def test_bf16_greedy_is_close_to_transformers(variant, checkpoint_factory, monkeypatch, bf16_matmul):
     """bf16 rounding differs between implementations: each token we pick must be among
     transformers' top-3 given the same prefix (vLLM's check_logprobs_close idea), and most
-    sequences must match exactly."""
+    sequences must match exactly. Both bf16 matmul paths: torch's bf16 GEMM, and fp32 GEMMs
+    on bf16 values (used for batches of 16+ rows on CPUs without bf16 instructions)."""
+    monkeypatch.setenv("PYENGINE_BF16_MATMUL", bf16_matmul)
     model_dir = checkpoint_factory(variant, **VARIANTS[variant])
     prompts = make_prompts()
-    _, results = run_engine(model_dir, prompts, dtype="bfloat16")
+    engine, results = run_engine(model_dir, prompts, dtype="bfloat16")
+    assert engine._runner.model.emulate_bf16 == (bf16_matmul == "fp32")
     exact = 0
     for p, r in zip(prompts, results):
         assert hf_topk_agrees(model_dir, p, r.token_ids, torch.bfloat16, k=3) == []

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from pyengine import kernels
+from pyengine.cpu_features import EMULATED_BF16_MIN_ROWS, native_bf16_matmul
 from pyengine.models.config import ModelConfig
 
 
@@ -48,6 +49,10 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
     return torch.where(medium, smoothed, scaled)
+
+
+def weights_on_cpu(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu"
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -111,6 +116,15 @@ class LlamaFamilyModel:
         self.sin = emb.sin().to(dtype)
         self.scale = c.head_dim ** -0.5
         self.sliding_window = c.sliding_window or 0
+        # Without bf16 instructions, torch's bf16 GEMM is emulated and slow: for batches of
+        # several rows, multiply in fp32 (weights converted on the fly, products exact, fp32
+        # accumulation, output rounded to bf16 as a bf16 GEMM does).
+        self.emulate_bf16 = dtype == torch.bfloat16 and weights_on_cpu(self.embed) and not native_bf16_matmul()
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        if self.emulate_bf16 and x.shape[0] >= EMULATED_BF16_MIN_ROWS:
+            return F.linear(x.float(), w.float(), None if b is None else b.float()).to(torch.bfloat16)
+        return F.linear(x, w, b)
 
     @staticmethod
     def weight_names(config: ModelConfig) -> tuple[list[str], tuple[str, ...]]:
@@ -141,7 +155,7 @@ class LlamaFamilyModel:
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             residual = h
             x = rms_norm(h, layer["input_norm"], eps)
-            qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])
+            qkv = self.linear(x, layer["qkv"], layer["qkv_bias"])
             q = qkv[:, : self.q_size].view(T, c.num_heads, c.head_dim)
             k = qkv[:, self.q_size: self.q_size + self.kv_size].view(T, c.num_kv_heads, c.head_dim)
             v = qkv[:, self.q_size + self.kv_size:].view(T, c.num_kv_heads, c.head_dim)
@@ -153,10 +167,10 @@ class LlamaFamilyModel:
             kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             attn = kernels.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                            meta.block_tables, self.scale, self.sliding_window)
-            h = residual + F.linear(attn.view(T, self.q_size), layer["o"])
+            h = residual + self.linear(attn.view(T, self.q_size), layer["o"])
             residual = h
             x = rms_norm(h, layer["post_norm"], eps)
-            gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
-            h = residual + F.linear(F.silu(gate) * up, layer["down"])
+            gate, up = self.linear(x, layer["gate_up"]).chunk(2, dim=-1)
+            h = residual + self.linear(F.silu(gate) * up, layer["down"])
         h = rms_norm(h[logits_indices], self.norm, eps)
-        return F.linear(h, self.lm_head).float()
+        return self.linear(h, self.lm_head).float()
