@@ -40,7 +40,7 @@ class ModelRunner:
         self.logits_slots = view("logits_slots")
         self.seq_slots = view("seq_slots")
         self.request_ids = view("request_ids", torch.int64)
-        self.num_generation_seqs = lambda: bm.num_generation_seqs
+        self._bm = bm
         # The last token sampled for each slot (+ the scratch row): generation rows read
         # their input from here, so a step never waits for the host to learn the previous
         # step's tokens (the overlap loop's token buffer).
@@ -64,7 +64,7 @@ class ModelRunner:
             seq_lens=self.seq_lens[:num_seqs],
             block_tables=self.block_tables[:num_seqs],
         )
-        ngen = self.num_generation_seqs()  # generation rows come first, one token each
+        ngen = self._bm.num_generation_seqs  # generation rows come first, one token each
         if ngen:
             self.input_ids[:ngen] = self.last_tokens[self.seq_slots[:ngen].long()]
         rows = self.logits_indices[:num_logits]

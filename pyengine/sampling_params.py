@@ -111,7 +111,3 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
                 raise ValueError(f"{name} must be None or an int in [0, {MAX_LOGPROBS}], got {v!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0

@@ -44,6 +44,8 @@ def test_step_outputs_stream_each_token_once(llama_dir):
         m = outs[-1].metrics
         assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finish_time
         assert m.time_to_first_token is not None and m.time_to_first_token >= 0
+        assert m.time_per_output_token(10) == pytest.approx((m.finish_time - m.first_token_time) / 9)
+        assert outs[0].metrics.time_per_output_token(1) is None  # not finished yet
 
 
 def test_text_prompt_and_text_output(llama_dir):
