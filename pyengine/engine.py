@@ -48,7 +48,6 @@ class _Batch:
     num_logits: int
     events: dict
     prompt_rows: tuple[torch.Tensor, list] | None = None
-    undone: bool = False
 
 
 class StartupError(RuntimeError):
@@ -355,6 +354,7 @@ class Engine:
             result = self._sample(batch, forwarded) if batch.num_seqs else None
         except BaseException:
             self._undo_schedule(batch)
+            self._pending_outputs.extend(self._abort_outputs(batch))
             raise
         t3 = time.perf_counter()
         outputs, self._pending_outputs = self._pending_outputs, []
@@ -386,9 +386,9 @@ class Engine:
             t3 = time.perf_counter()
             result = self._sample(batch, forwarded) if future is not None else None
         except BaseException:
-            batch.undone = True  # its aborts' outputs are in `outputs` already
             self._undo_schedule(batch)
-            self._pending_outputs = outputs + self._pending_outputs  # delivered by the next step that succeeds
+            # `outputs` holds step n-1's and the aborts' outputs: the next step that succeeds delivers them
+            self._pending_outputs = outputs + self._pending_outputs
             raise
         if result is not None:
             self._inflight = (batch, forwarded, result)
@@ -422,6 +422,7 @@ class Engine:
                 batch.prompt_rows = self._prompt_logprob_rows(num_seqs)
         except BaseException:
             self._undo_schedule(batch)
+            self._pending_outputs.extend(self._abort_outputs(batch))
             raise
         return batch
 
@@ -431,13 +432,10 @@ class Engine:
         return [self._final_abort(rid) for rid in batch.events["aborted"]]
 
     def _undo_schedule(self, batch: "_Batch") -> None:
-        """A step failed: roll the schedule back; the aborts it dropped stay dropped and
-        their final outputs wait for the next step that succeeds."""
+        """A step failed: roll the schedule back (the aborts it dropped stay dropped; the
+        caller keeps their final outputs for the next step that succeeds)."""
         self._unseat_sampler_rows(batch.events)
         self._bm.rollback()
-        if not batch.undone:
-            batch.undone = True
-            self._pending_outputs.extend(self._abort_outputs(batch))
 
     def _forward(self, batch: "_Batch") -> torch.Tensor:
         extra = None if batch.prompt_rows is None else batch.prompt_rows[0]
