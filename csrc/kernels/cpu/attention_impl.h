@@ -273,6 +273,14 @@ static inline __m512 hsum16x16(const float* x) {  // x: 16 vectors, 16 floats ap
 }
 
 // Scores of R rows (q, D apart) against keys [t0, t0 + n), n <= 16, into s rows (ss apart).
+// The new running max of a row: the larger of m_old and the scores sr[a..e).
+static inline float running_max(const float* __restrict sr, int32_t a, int32_t e, float m_old) {
+  __m512 mx = _mm512_set1_ps(kNegInf);
+  for (int32_t t0 = a; t0 < e; t0 += 16) mx = _mm512_mask_max_ps(mx, tail_mask(e - t0), mx, _mm512_loadu_ps(sr + t0));
+  const float m_new = _mm512_reduce_max_ps(mx);
+  return m_new > m_old ? m_new : m_old;
+}
+
 template <int R>
 static inline void scores16(const float* __restrict q, const float* __restrict k, int32_t t0,
                             int32_t n, int32_t d, float* __restrict s, int64_t ss,
@@ -312,12 +320,8 @@ static void avx512_rows_t(const float* __restrict q, const float* __restrict k,
   // online softmax per row; probabilities overwrite the scores
   for (int r = 0; r < R; ++r) {
     float* sr = s + r * ss;
-    __m512 mx = _mm512_set1_ps(kNegInf);
-    for (int32_t t0 = a; t0 < e; t0 += 16)
-      mx = _mm512_mask_max_ps(mx, tail_mask(e - t0), mx, _mm512_loadu_ps(sr + t0));
     const float m_old = m[r];
-    float m_new = _mm512_reduce_max_ps(mx);
-    m_new = m_new > m_old ? m_new : m_old;
+    const float m_new = running_max(sr, a, e, m_old);
     const __m512 mv = _mm512_set1_ps(m_new);
     __m512 sum = _mm512_setzero_ps();
     for (int32_t t0 = a; t0 < e; t0 += 16) {
@@ -419,12 +423,8 @@ static void avx512_tile(const float* Q, int32_t M, int32_t G, int32_t pos0, int3
       for (int32_t t = tb0; t < tb1; ++t) sr[t] = 0.0f;
       continue;
     }
-    __m512 mx = _mm512_set1_ps(kNegInf);
-    for (int32_t t0 = a; t0 < e; t0 += 16)
-      mx = _mm512_mask_max_ps(mx, tail_mask(e - t0), mx, _mm512_loadu_ps(sr + t0));
     const float m_old = m[r];
-    float m_new = _mm512_reduce_max_ps(mx);
-    m_new = m_new > m_old ? m_new : m_old;
+    const float m_new = running_max(sr, a, e, m_old);
     const __m512 mv = _mm512_set1_ps(m_new);
     __m512 sum = _mm512_setzero_ps();
     for (int32_t t0 = tb0; t0 < tb1; t0 += 16) {
