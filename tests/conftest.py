@@ -61,4 +61,5 @@ def pools_are_conserved():
             while engine.has_unfinished_requests():
                 engine.step()
         engine.check_resources()
+        engine.shutdown()  # no worker thread outlives its test
     _engines.clear()
