@@ -18,7 +18,9 @@
 
 namespace pyengine::kernels {
 
-enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+// kFloat8E4M3 is a KV-cache storage type of the CUDA kernels only (cuda_kernels.h); the CPU
+// kernels reject it.
+enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2, kFloat8E4M3 = 3 };
 
 // Size in bytes of one element of `dtype`.
 int dtype_size(DType dtype);

@@ -5,10 +5,23 @@
 #include <string>
 #include <type_traits>
 
+#include "dtype_check.h"
 #include "dtype_convert.h"
 #include "pyengine/kernels.h"
 
 namespace pyengine::kernels {
+
+void cpu::check_dtype(DType dtype, const char* name) {
+  if (dtype == DType::kFloat8E4M3) {
+    throw std::invalid_argument(std::string(name) +
+                                ": float8_e4m3 is a CUDA-only KV cache type; the CPU kernels take "
+                                "float32, bfloat16 or float16");
+  }
+  const auto v = static_cast<int32_t>(dtype);
+  if (v < 0 || v > 2) {
+    throw std::invalid_argument(std::string(name) + ": unknown DType value " + std::to_string(v));
+  }
+}
 
 int dtype_size(DType dtype) {
   switch (dtype) {
@@ -17,6 +30,8 @@ int dtype_size(DType dtype) {
     case DType::kBFloat16:
     case DType::kFloat16:
       return 2;
+    case DType::kFloat8E4M3:
+      return 1;
   }
   throw std::invalid_argument("dtype: unknown DType value " +
                               std::to_string(static_cast<int32_t>(dtype)));
@@ -26,14 +41,6 @@ namespace {
 
 using cpu::bf16_t;
 using cpu::fp16_t;
-
-// Validates a dtype argument, naming it in the error.
-void check_dtype(DType dtype, const char* name) {
-  const auto v = static_cast<int32_t>(dtype);
-  if (v < 0 || v > 2) {
-    throw std::invalid_argument(std::string(name) + ": unknown DType value " + std::to_string(v));
-  }
-}
 
 template <typename Src, typename Dst>
 void convert_row(const Src* __restrict src, Dst* __restrict dst, int32_t n) {
@@ -99,8 +106,8 @@ void store_kv(const void* key, const void* value, int64_t key_row_stride, int64_
               DType src_dtype, void* k_cache, void* v_cache, DType cache_dtype,
               const int32_t* slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
               int32_t head_dim, int32_t tokens_per_block) {
-  check_dtype(src_dtype, "src_dtype");
-  check_dtype(cache_dtype, "cache_dtype");
+  cpu::check_dtype(src_dtype, "src_dtype");
+  cpu::check_dtype(cache_dtype, "cache_dtype");
   if (num_tokens < 0) throw std::invalid_argument("num_tokens: must be >= 0");
   if (num_kv_heads <= 0) throw std::invalid_argument("num_kv_heads: must be > 0");
   if (head_dim <= 0) throw std::invalid_argument("head_dim: must be > 0");

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attention_common.h"
+#include "dtype_check.h"
 #include "pyengine/kernels.h"
 
 namespace pyengine::kernels {
@@ -44,11 +45,6 @@ bool cpu_has_avx512() {
 
 void fail(const std::string& msg) { throw std::invalid_argument(msg); }
 
-void check_dtype(DType dtype, const char* name) {
-  const auto v = static_cast<int32_t>(dtype);
-  if (v < 0 || v > 2) fail(std::string(name) + ": unknown DType value " + std::to_string(v));
-}
-
 struct Scratch {
   std::vector<WorkItem> items;
   std::vector<CombineItem> combines;
@@ -72,8 +68,8 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
                      int32_t tokens_per_block, float scale, int32_t sliding_window,
                      int32_t num_threads) {
   // ---- validation ----
-  check_dtype(q_dtype, "q_dtype");
-  check_dtype(cache_dtype, "cache_dtype");
+  cpu::check_dtype(q_dtype, "q_dtype");
+  cpu::check_dtype(cache_dtype, "cache_dtype");
   if (num_seqs < 0) fail("num_seqs: must be >= 0");
   if (max_blocks_per_seq <= 0) fail("max_blocks_per_seq: must be > 0");
   if (num_heads <= 0) fail("num_heads: must be > 0");
