@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 CAPACITY_POLICIES = ("guaranteed_no_evict", "max_utilization", "static_batch")
 QUEUE_POLICIES = ("fcfs", "priority")
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "float8_e4m3")
 
 
 @dataclass
@@ -21,7 +21,9 @@ class KvCacheConfig:
     max_tokens: caps the pool, in tokens.
     max_memory_bytes: caps the pool, in bytes.
     The pool is also never larger than every sequence slot at `max_seq_len` needs.
-    dtype: storage dtype of K and V; "auto" follows the model's dtype.
+    dtype: storage dtype of K and V; "auto" follows the model's dtype. "float8_e4m3" (CUDA,
+        bfloat16/float16 models) stores e4m3 values with per-tensor scales k_scale/v_scale
+        (stored = value / scale).
     enable_block_reuse: requests sharing a prefix share its full KV blocks (prefix caching);
         freed blocks stay reusable until their memory is needed (least recently used first).
     """
@@ -32,6 +34,8 @@ class KvCacheConfig:
     max_memory_bytes: int | None = None
     dtype: str = "auto"
     enable_block_reuse: bool = True
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens_per_block, int) or self.tokens_per_block < 1:
@@ -48,6 +52,12 @@ class KvCacheConfig:
             raise ValueError(f"max_memory_bytes must be a positive int or None, got {self.max_memory_bytes!r}")
         if self.dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"KV cache dtype must be one of {KV_CACHE_DTYPES}, got {self.dtype!r}")
+        for name in ("k_scale", "v_scale"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v > 0 and v != float("inf")):
+                raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+            if v != 1.0 and self.dtype != "float8_e4m3":
+                raise ValueError(f"{name}={v!r} applies to a float8_e4m3 cache only (dtype is {self.dtype!r})")
 
 
 @dataclass

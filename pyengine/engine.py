@@ -20,9 +20,11 @@ import torch
 from pyengine._core import CoreBatchManager
 from pyengine.config import KvCacheConfig, SchedulerConfig
 from pyengine.detokenizer import IncrementalDetokenizer
-from pyengine.executor import ModelRunner
-from pyengine.kv_capacity import (SKIP_ENV, CpuMemoryProbe, KvCapacity, MemoryReading, capacity_from_reading,
-                                  configured_capacity, skip_requested)
+from pyengine.cuda_graphs import DecodeGraphs, check_graph_batch_sizes, default_graph_batch_sizes
+from pyengine.device import resolve_device
+from pyengine.executor import Forwarded, ModelRunner
+from pyengine.kv_capacity import (SKIP_ENV, CpuMemoryProbe, CudaMemoryProbe, KvCapacity, MemoryReading,
+                                  capacity_from_reading, configured_capacity, skip_requested)
 from pyengine.models import LlamaFamilyModel, ModelConfig
 from pyengine.models.loader import load_tensors
 from pyengine.outputs import RequestMetrics, RequestOutput
@@ -33,6 +35,7 @@ from pyengine.sampling_params import SamplingParams
 logger = logging.getLogger("pyengine")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+KV_DTYPES = DTYPES | {"float8_e4m3": torch.float8_e4m3fn}
 # C++ FinishReason values -> the names users see.
 FINISH_REASONS = {1: "stop", 2: "stop", 3: "length", 4: "abort", 5: "stop"}
 
@@ -94,32 +97,48 @@ class Engine:
         each step() then returns the previous step's outputs (one step of extra latency to
         every request's first output), identical to those without overlap. The seat pool
         doubles so that retiring and newly admitted requests can hold seats at once.
+    device: "cpu" (default), "cuda" or "cuda:N": where weights, KV pool, forward and sampler
+        live. On a GPU the forward runs on the engine's own execution stream.
+    cuda_graphs: on a GPU, replay captured CUDA graphs for decode batches (padded up to the
+        next captured size); False runs every batch eagerly. Ignored on the CPU.
+    cuda_graph_batch_sizes: the batch sizes captured (default 1, 2, 4, 8, 16, ... up to
+        max_batch_size).
     """
 
     def __init__(self, model: str | Path, dtype: str | torch.dtype = "float32",
                  kv_cache_config: KvCacheConfig | None = None,
                  scheduler_config: SchedulerConfig | None = None,
-                 max_seq_len: int | None = None, seed: int | None = None, overlap: bool = False) -> None:
+                 max_seq_len: int | None = None, seed: int | None = None, overlap: bool = False,
+                 device: str | torch.device = "cpu", cuda_graphs: bool = True,
+                 cuda_graph_batch_sizes: Sequence[int] | None = None) -> None:
         self._closed = True
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: tuple | None = None  # overlap: the step sampled but not yet updated
         self.overlap = bool(overlap)
         self._phases: list[tuple[str, float]] = []
         self._capacity: KvCapacity | None = None
+        self._runner: ModelRunner | None = None
         with self._phase("config"):
-            self._configure(model, dtype, kv_cache_config, scheduler_config, max_seq_len)
+            self._configure(model, dtype, kv_cache_config, scheduler_config, max_seq_len, device)
+            self._graph_sizes = self._configure_graphs(cuda_graphs, cuda_graph_batch_sizes)
         with self._phase("weights"):
             names, optional = LlamaFamilyModel.weight_names(self.model_config)
             weights = load_tensors(self.model_dir, names, self.dtype, optional)
-            model_obj = LlamaFamilyModel(self.model_config, weights, self.dtype, self.max_seq_len)
+            model_obj = LlamaFamilyModel(self.model_config, weights, self.dtype, self.max_seq_len, self.device)
         with self._phase("kv_capacity"):
             self._capacity = self._estimate_kv_capacity(model_obj)
         with self._phase("scheduler"):
             self._build_scheduler(seed)
         with self._phase("executor"):
-            self._runner = ModelRunner(model_obj, self._bm, self.scheduler_config.max_batch_size,
-                                       self._capacity.num_blocks, self.kv_cache_config.tokens_per_block,
-                                       self.kv_dtype)
+            self._runner = self._make_runner(model_obj, self._bm, self.scheduler_config.max_batch_size,
+                                             self._capacity.num_blocks, self.scheduler_config.max_num_tokens)
+            if self._graph_sizes:  # after the KV pool: graphs read it at a fixed address
+                try:
+                    self._runner.decode_pad_sizes = self._graph_sizes
+                    self._runner.graphs = DecodeGraphs(self._runner, self._graph_sizes)
+                except BaseException:
+                    self._runner.close()
+                    raise
             if self.overlap:  # last: nothing after it can fail and leave the thread behind
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyengine-forward")
         self._requests: dict[int, RequestState] = {}
@@ -147,12 +166,21 @@ class Engine:
         self._phases.append((name, time.perf_counter() - start))
 
     def _configure(self, model: str | Path, dtype: str | torch.dtype, kv_cache_config: KvCacheConfig | None,
-                   scheduler_config: SchedulerConfig | None, max_seq_len: int | None) -> None:
+                   scheduler_config: SchedulerConfig | None, max_seq_len: int | None,
+                   device: str | torch.device) -> None:
         self.kv_cache_config = kv_cache_config or KvCacheConfig()
         self.scheduler_config = scheduler_config or SchedulerConfig()
         self.dtype = _parse_dtype(dtype, "dtype")
+        self.device = resolve_device(device)
         kv = self.kv_cache_config.dtype
-        self.kv_dtype = self.dtype if kv == "auto" else DTYPES[kv]
+        self.kv_dtype = self.dtype if kv == "auto" else KV_DTYPES[kv]
+        if kv == "float8_e4m3":
+            if self.device.type != "cuda":
+                raise ValueError("KvCacheConfig.dtype='float8_e4m3' needs device='cuda' (the CPU kernels "
+                                 "have no fp8)")
+            if self.dtype == torch.float32:
+                raise ValueError("KvCacheConfig.dtype='float8_e4m3' needs a bfloat16 or float16 model, "
+                                 "got dtype=float32")
         self.model_dir = Path(model)
         self.model_config = ModelConfig.from_model_dir(self.model_dir)
         mc = self.model_config
@@ -164,6 +192,26 @@ class Engine:
         self.max_seq_len = max_seq_len
         self.num_seats = compute_max_num_sequences(self.scheduler_config.max_batch_size, overlap=self.overlap)
         self.tokenizer = self._load_tokenizer(self.model_dir)
+
+    def _configure_graphs(self, enabled: bool, sizes: Sequence[int] | None) -> list[int]:
+        """The decode batch sizes to capture (none on the CPU or with cuda_graphs=False)."""
+        if not isinstance(enabled, bool):
+            raise TypeError(f"cuda_graphs must be a bool, got {enabled!r}")
+        sc = self.scheduler_config
+        if sizes is not None:
+            sizes = check_graph_batch_sizes(sizes, sc.max_batch_size, sc.max_num_tokens)
+        if not enabled or self.device.type != "cuda":
+            return []
+        if sizes is None:
+            sizes = [s for s in default_graph_batch_sizes(sc.max_batch_size) if s <= sc.max_num_tokens]
+        return sizes
+
+    def _make_runner(self, model_obj: LlamaFamilyModel, bm: CoreBatchManager, rows: int, num_blocks: int,
+                     max_num_tokens: int) -> ModelRunner:
+        kc = self.kv_cache_config
+        return ModelRunner(model_obj, bm, rows, num_blocks, kc.tokens_per_block, self.kv_dtype,
+                           max_seq_len=self.max_seq_len, max_num_tokens=max_num_tokens,
+                           kv_scales=(kc.k_scale, kc.v_scale))
 
     def _estimate_kv_capacity(self, model_obj: LlamaFamilyModel) -> KvCapacity:
         kc, sc, mc = self.kv_cache_config, self.scheduler_config, self.model_config
@@ -201,7 +249,7 @@ class Engine:
         bm = CoreBatchManager(max_batch_size=rows, max_num_tokens=context + rows - 1,
                               max_seq_len=max(context + 1, rows), tokens_per_block=tpb, num_blocks=blocks,
                               enable_chunked_context=False, vocab_size=self.model_config.vocab_size)
-        runner = ModelRunner(model_obj, bm, rows, blocks, tpb, self.kv_dtype)
+        runner = self._make_runner(model_obj, bm, rows, blocks, context + rows - 1)
         bm.add_request(0, array.array("i", [1] * context), 1)
         for i in range(1, rows):
             bm.add_request(i, array.array("i", [1]), 1)
@@ -210,9 +258,15 @@ class Engine:
             num_tokens, num_seqs, num_logits = bm.schedule(0.0)
             runner.forward(num_tokens, num_seqs, num_logits)
 
-        reading = CpuMemoryProbe().measure(dummy_batch)
-        bm.rollback()
+        probe = CudaMemoryProbe(self.device) if self.device.type == "cuda" else CpuMemoryProbe()
+        try:
+            reading = probe.measure(dummy_batch)
+        finally:
+            bm.rollback()
+            runner.close()
         del runner, bm  # pass 1's cache goes before pass 2 builds the real one
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
         return reading
 
     def _build_scheduler(self, seed: int | None) -> None:
@@ -223,13 +277,14 @@ class Engine:
             enable_chunked_context=sc.enable_chunked_prefill, policy=sc.capacity_scheduler_policy,
             vocab_size=mc.vocab_size, num_seq_slots=self.num_seats, enable_block_reuse=kc.enable_block_reuse,
             queue_policy=sc.queue_policy)
-        self._sampler = Sampler(self._bm.num_slots, mc.vocab_size, seed)
+        self._sampler = Sampler(self._bm.num_slots, mc.vocab_size, seed, self.device)
 
     def startup_report(self) -> dict[str, Any]:
         """The start-up phases with their seconds, and the KV capacity figures."""
         return {"phases": [{"name": n, "seconds": t} for n, t in self._phases],
                 "kv_capacity": self._capacity.as_dict(), "num_seats": self.num_seats,
-                "max_seq_len": self.max_seq_len}
+                "max_seq_len": self.max_seq_len, "device": str(self.device),
+                "cuda_graph_batch_sizes": list(self._graph_sizes)}
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -342,7 +397,15 @@ class Engine:
         already produced (the previous step's, with overlap) come with the next step that
         succeeds."""
         self._check_open()
-        return self._step_overlap() if self._pool is not None else self._step_plain()
+        with self._on_stream():
+            return self._step_overlap() if self._pool is not None else self._step_plain()
+
+    def _on_stream(self) -> contextlib.AbstractContextManager:
+        """On a GPU, makes the execution stream current, so that everything a step does on the
+        device (sampler state, sampling, token copies) is ordered after the forward."""
+        if self.device.type == "cuda":
+            return torch.cuda.stream(self._runner.stream)
+        return contextlib.nullcontext()
 
     def _step_plain(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
@@ -437,24 +500,29 @@ class Engine:
         self._unseat_sampler_rows(batch.events)
         self._bm.rollback()
 
-    def _forward(self, batch: "_Batch") -> torch.Tensor:
+    def _forward(self, batch: "_Batch") -> Forwarded:
         extra = None if batch.prompt_rows is None else batch.prompt_rows[0]
         return self._runner.forward(batch.num_tokens, batch.num_seqs, batch.num_logits, extra)
 
-    def _sample(self, batch: "_Batch", logits: torch.Tensor) -> SampleResult:
-        """Samples the batch; changes no state (_update commits it)."""
-        return self._sampler.sample(logits[: batch.num_logits], self._runner.logits_slots[: batch.num_logits])
+    def _sample(self, batch: "_Batch", forwarded: Forwarded) -> SampleResult:
+        """Samples the batch (padding rows too: their tokens go to the scratch row); changes
+        no state (_update commits it). On a GPU the tokens start their way to the host."""
+        result = self._sampler.sample(forwarded.logits[: forwarded.num_rows], forwarded.slots)
+        result.host_tokens, result.ready = self._runner.tokens_to_host(result.tokens)
+        return result
 
-    def _update(self, batch: "_Batch", logits: torch.Tensor, result: SampleResult) -> list[tuple]:
+    def _update(self, batch: "_Batch", forwarded: Forwarded, result: SampleResult) -> list[tuple]:
         """Commits a sampled step: sampler counters, the token buffer, the batch manager's
         update (stop conditions). Requests it ended have their sampler rows released and
         metrics read here, before free_finished() returns their seats."""
         bm, sampler = self._bm, self._sampler
+        if result.ready is not None:
+            result.ready.synchronize()  # the step's tokens have reached the host
         sampler.commit(result)
-        self._runner.record_tokens(batch.num_logits, result.tokens)
-        bm.update_from_ptr(result.tokens.data_ptr(), batch.num_logits, time.monotonic())
+        self._runner.record_tokens(forwarded, result.tokens)
+        bm.update_from_ptr(result.host_tokens.data_ptr(), batch.num_logits, time.monotonic())
         if batch.prompt_rows is not None:
-            self._record_prompt_logprobs(logits[batch.num_logits:], batch.prompt_rows[1])
+            self._record_prompt_logprobs(forwarded.logits[forwarded.num_rows:], batch.prompt_rows[1])
         items = []
         for k, (rid, token, done, reason) in enumerate(bm.step_outputs()):
             metrics = None
@@ -651,6 +719,8 @@ class Engine:
             self._pool.shutdown(wait=True)
             self._pool = None
         self._inflight = None
+        if self._runner is not None:
+            self._runner.close()
         self._runner = None  # type: ignore[assignment]
 
     def __enter__(self) -> "Engine":

@@ -1,74 +1,263 @@
 """The model runner: owns the KV pool tensor and turns the batch manager's metadata buffers
-into the model's inputs without copying them."""
+into the model's inputs.
+
+On the CPU the model reads the C++ buffers directly (zero-copy views). On a GPU the C++ buffers
+are page-locked in place and each step copies the used part of them, without blocking, into
+device buffers of fixed address on the runner's execution stream; decode batches may then
+replay a captured CUDA graph (pyengine/cuda_graphs.py).
+
+Padding: a decode batch can be padded up to a larger size (the CUDA graph sizes). Padding
+rows own no seat: they read their input token from, and write their sampled token to, the
+scratch row past the last slot, store no KV (slot -1) and attend to one cached position.
+"""
 
 from __future__ import annotations
 
+import bisect
+import logging
 import weakref
+from dataclasses import dataclass
 
 import torch
 
 from pyengine._core import CoreBatchManager
 from pyengine.models import AttentionMetadata, LlamaFamilyModel
 
+logger = logging.getLogger("pyengine")
 
 # Every KV pool alive in the process (tests check that a failed start-up leaves none).
 LIVE_KV_POOLS: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
 
+# The C++ metadata buffers the forward reads, with their dtypes.
+_BUFFERS = {"input_ids": torch.int32, "positions": torch.int32, "slot_mapping": torch.int32,
+            "query_start_loc": torch.int32, "seq_lens": torch.int32, "block_tables": torch.int32,
+            "logits_indices": torch.int32, "logits_slots": torch.int32, "seq_slots": torch.int32,
+            "request_ids": torch.int64}
+
+
+@dataclass
+class Forwarded:
+    """A forward's result: fp32 logits of `num_rows` sampled rows (the batch's logits rows,
+    or more when it was padded) followed by any extra rows asked for; `slots` are the sampled
+    rows' sequence slots (the scratch slot for padding rows), on the logits' device."""
+
+    logits: torch.Tensor
+    num_rows: int
+    slots: torch.Tensor
+
 
 class ModelRunner:
     def __init__(self, model: LlamaFamilyModel, bm: CoreBatchManager, max_batch_size: int,
-                 num_blocks: int, tokens_per_block: int, kv_dtype: torch.dtype) -> None:
+                 num_blocks: int, tokens_per_block: int, kv_dtype: torch.dtype, max_seq_len: int,
+                 max_num_tokens: int, kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:
         c = model.config
         self.model = model
+        self.device = model.device
+        self.is_cuda = self.device.type == "cuda"
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+        self.max_num_tokens = max_num_tokens
+        self.k_scale, self.v_scale = kv_scales
         # One tensor for the whole pool: [layers, K/V, blocks, kv heads, tokens per block, head dim].
-        self.kv_pool = torch.empty((c.num_layers, 2, num_blocks, c.num_kv_heads, tokens_per_block, c.head_dim),
-                                   dtype=kv_dtype)
+        # Zeroed on a GPU (cheap there) so that padding rows read finite values.
+        shape = (c.num_layers, 2, num_blocks, c.num_kv_heads, tokens_per_block, c.head_dim)
+        alloc = torch.zeros if self.is_cuda else torch.empty
+        self.kv_pool = alloc(shape, dtype=kv_dtype, device=self.device)
         self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(c.num_layers)]
         LIVE_KV_POOLS.add(self.kv_pool)
-        b = bm.buffers
-
-        def view(name: str, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-            return torch.frombuffer(b[name], dtype=dtype)
-
-        self.input_ids = view("input_ids")
-        self.positions = view("positions")
-        self.slot_mapping = view("slot_mapping")
-        self.query_start_loc = view("query_start_loc")
-        self.seq_lens = view("seq_lens")
-        self.block_tables = view("block_tables").view(max_batch_size, bm.max_blocks_per_seq)
-        self.logits_indices = view("logits_indices")
-        self.logits_slots = view("logits_slots")
-        self.seq_slots = view("seq_slots")
-        self.request_ids = view("request_ids", torch.int64)
         self._bm = bm
+        self.scratch_slot = bm.num_slots
+        # Host views of the C++ buffers (zero copy).
+        self.host = {name: torch.frombuffer(bm.buffers[name], dtype=dt) for name, dt in _BUFFERS.items()}
+        self.host["block_tables"] = self.host["block_tables"].view(max_batch_size, bm.max_blocks_per_seq)
+        h = self.host
+        self.input_ids, self.positions, self.slot_mapping = h["input_ids"], h["positions"], h["slot_mapping"]
+        self.query_start_loc, self.seq_lens, self.block_tables = h["query_start_loc"], h["seq_lens"], h["block_tables"]
+        self.logits_indices, self.logits_slots = h["logits_indices"], h["logits_slots"]
+        self.seq_slots, self.request_ids = h["seq_slots"], h["request_ids"]
         # The last token sampled for each slot (+ the scratch row): generation rows read
         # their input from here, so a step never waits for the host to learn the previous
-        # step's tokens (the overlap loop's token buffer).
-        self.last_tokens = torch.zeros(bm.num_slots + 1, dtype=torch.int32)
+        # step's tokens (the overlap loop's token buffer). On the model's device.
+        self.last_tokens = torch.zeros(bm.num_slots + 1, dtype=torch.int32, device=self.device)
+        # Decode batches of n rows are padded to the smallest of these sizes >= n (the CUDA
+        # graphs' sizes; on the CPU only for tests of the padding itself).
+        self.decode_pad_sizes: list[int] = []
+        self.graphs = None  # pyengine.cuda_graphs.DecodeGraphs once captured
+        self._registered: list[int] = []
+        if self.is_cuda:
+            self._init_cuda(c)
+
+    # ---- CUDA set-up -----------------------------------------------------------------------
+
+    def _init_cuda(self, c) -> None:
+        from pyengine import cuda_kernels
+        self.stream = torch.cuda.Stream(self.device)
+        for view in self.host.values():  # page-lock the C++ buffers in place
+            self._register(view)
+        self.dev = {name: torch.zeros_like(view, device=self.device) for name, view in self.host.items()}
+        # Split-K scratch of decode attention: decode batches have at most max_batch_size rows
+        # (prefill batches use the tiled kernel, which needs none).
+        self.workspace = cuda_kernels.paged_attention_workspace(
+            self.max_batch_size, c.num_heads, c.head_dim, self.max_seq_len, self.device)
+        self._host_tokens = [torch.empty(self.max_num_tokens, dtype=torch.int32).pin_memory() for _ in range(2)]
+        self._host_turn = 0
+
+    def _register(self, view: torch.Tensor) -> None:
+        nbytes = view.numel() * view.element_size()
+        if nbytes == 0:
+            return
+        err = torch.cuda.cudart().cudaHostRegister(view.data_ptr(), nbytes, 0)
+        if int(err) != 0:  # pageable memory still works, with synchronous copies
+            logger.warning("pyengine: cudaHostRegister failed (%s); metadata copies will be synchronous", err)
+            return
+        self._registered.append(view.data_ptr())
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing left to release to
+            pass
+
+    def close(self) -> None:
+        """Releases what the runner holds outside torch's care (page-locked registrations)."""
+        if self._registered:
+            torch.cuda.synchronize(self.device)
+            for ptr in self._registered:
+                torch.cuda.cudart().cudaHostUnregister(ptr)
+            self._registered = []
+        self.graphs = None
+
+    # ---- the step ---------------------------------------------------------------------------
 
     @property
     def kv_pool_bytes(self) -> int:
         return self.kv_pool.numel() * self.kv_pool.element_size()
 
-    def record_tokens(self, num_logits: int, tokens: torch.Tensor) -> None:
-        self.last_tokens[self.logits_slots[:num_logits].long()] = tokens
+    def is_decode(self, num_tokens: int, num_seqs: int, num_logits: int, extra_rows: torch.Tensor | None) -> bool:
+        """One token per sequence, each sampled, all in generation, no extra rows."""
+        return (extra_rows is None and num_tokens == num_seqs == num_logits
+                and self._bm.num_generation_seqs == num_seqs)
+
+    def padded_size(self, num_seqs: int) -> int:
+        """The size a decode batch of `num_seqs` rows runs at: the next pad size, or itself."""
+        sizes = self.decode_pad_sizes
+        if not sizes or num_seqs > sizes[-1]:
+            return num_seqs
+        return sizes[bisect.bisect_left(sizes, num_seqs)]
+
+    def _pad(self, n: int, size: int) -> None:
+        """Writes padding rows n..size-1 of a decode batch into the host buffers."""
+        if size == n:
+            return
+        self.query_start_loc[n] = n
+        self.positions[n:size] = 0
+        self.slot_mapping[n:size] = -1
+        self.seq_lens[n:size] = 1
+        self.block_tables[n:size, 0] = 0
+        self.query_start_loc[n + 1: size + 1] = torch.arange(n + 1, size + 1, dtype=torch.int32)
+        self.logits_indices[n:size] = torch.arange(n, size, dtype=torch.int32)
+        self.seq_slots[n:size] = self.scratch_slot
+        self.logits_slots[n:size] = self.scratch_slot
 
     @torch.inference_mode()
     def forward(self, num_tokens: int, num_seqs: int, num_logits: int,
-                extra_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Runs the scheduled batch; returns fp32 logits [num_logits (+ extra rows), vocab]
-        for the sampled rows, then for `extra_rows` (token rows, e.g. for prompt logprobs)."""
+                extra_rows: torch.Tensor | None = None) -> Forwarded:
+        """Runs the scheduled batch; returns the fp32 logits of the sampled rows, then of
+        `extra_rows` (token rows, e.g. for prompt logprobs)."""
+        decode = self.is_decode(num_tokens, num_seqs, num_logits, extra_rows)
+        if decode:
+            size = self.padded_size(num_seqs)
+            self._pad(num_seqs, size)
+            num_tokens = num_seqs = num_logits = size
+        if self.is_cuda:
+            with torch.cuda.stream(self.stream):
+                return self._forward_cuda(num_tokens, num_seqs, num_logits, extra_rows, decode)
         meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[:num_tokens],
             query_start_loc=self.query_start_loc[: num_seqs + 1],
             seq_lens=self.seq_lens[:num_seqs],
             block_tables=self.block_tables[:num_seqs],
         )
-        ngen = self._bm.num_generation_seqs  # generation rows come first, one token each
-        if ngen:
+        ngen = num_seqs if decode else self._bm.num_generation_seqs
+        if ngen:  # generation rows come first, one token each
             self.input_ids[:ngen] = self.last_tokens[self.seq_slots[:ngen].long()]
         rows = self.logits_indices[:num_logits]
         if extra_rows is not None:
             rows = torch.cat([rows, extra_rows])
-        return self.model.forward(self.input_ids[:num_tokens], self.positions[:num_tokens], meta,
-                                  self.kv_caches, rows)
+        logits = self.model.forward(self.input_ids[:num_tokens], self.positions[:num_tokens], meta,
+                                    self.kv_caches, rows)
+        return Forwarded(logits, num_logits, self.logits_slots[:num_logits])
+
+    def _upload(self, num_tokens: int, num_seqs: int, num_logits: int) -> None:
+        """Copies the used part of this step's metadata to the device (non-blocking: the host
+        buffers are page-locked and are not rewritten before the step's tokens are read back)."""
+        d, h = self.dev, self.host
+        for name, n in (("input_ids", num_tokens), ("positions", num_tokens), ("slot_mapping", num_tokens),
+                        ("query_start_loc", num_seqs + 1), ("seq_lens", num_seqs), ("seq_slots", num_seqs),
+                        ("block_tables", num_seqs), ("logits_indices", num_logits), ("logits_slots", num_logits)):
+            d[name][:n].copy_(h[name][:n], non_blocking=True)
+
+    def _forward_cuda(self, num_tokens: int, num_seqs: int, num_logits: int,
+                      extra_rows: torch.Tensor | None, decode: bool) -> Forwarded:
+        self._upload(num_tokens, num_seqs, num_logits)
+        d = self.dev
+        slots = d["logits_slots"][:num_logits]
+        if decode and self.graphs is not None and num_seqs in self.graphs.sizes:
+            return Forwarded(self.graphs.replay(num_seqs), num_logits, slots)
+        if decode:
+            max_query_len, ngen = 1, num_seqs
+        else:
+            max_query_len = int((self.query_start_loc[1: num_seqs + 1] - self.query_start_loc[:num_seqs]).max())
+            ngen = self._bm.num_generation_seqs
+        max_context_len = int(self.seq_lens[:num_seqs].max())
+        if ngen:
+            d["input_ids"][:ngen] = self.last_tokens[d["seq_slots"][:ngen].long()]
+        rows = d["logits_indices"][:num_logits]
+        if extra_rows is not None:
+            rows = torch.cat([rows, extra_rows.to(self.device, non_blocking=True)])
+        meta = self.device_metadata(num_tokens, num_seqs, max_query_len, max_context_len)
+        logits = self.model.forward(d["input_ids"][:num_tokens], d["positions"][:num_tokens], meta,
+                                    self.kv_caches, rows)
+        return Forwarded(logits, num_logits, slots)
+
+    def decode_forward(self, size: int) -> torch.Tensor:
+        """The forward of a decode batch of `size` rows, entirely from the device buffers (the
+        body a CUDA graph captures): input tokens gathered from the token buffer, one query
+        per row, the split-K grid sized for max_seq_len so one capture serves every length."""
+        d = self.dev
+        input_ids = self.last_tokens[d["seq_slots"][:size].long()]
+        meta = self.device_metadata(size, size, 1, self.max_seq_len)
+        return self.model.forward(input_ids, d["positions"][:size], meta, self.kv_caches,
+                                  d["logits_indices"][:size])
+
+    def device_metadata(self, num_tokens: int, num_seqs: int, max_query_len: int,
+                        max_context_len: int) -> AttentionMetadata:
+        d = self.dev
+        return AttentionMetadata(
+            slot_mapping=d["slot_mapping"][:num_tokens], query_start_loc=d["query_start_loc"][: num_seqs + 1],
+            seq_lens=d["seq_lens"][:num_seqs], block_tables=d["block_tables"][:num_seqs],
+            max_query_len=max_query_len, max_context_len=max_context_len, workspace=self.workspace,
+            k_scale=self.k_scale, v_scale=self.v_scale)
+
+    # ---- after sampling ---------------------------------------------------------------------
+
+    def tokens_to_host(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """The sampled tokens on the host: on a GPU, a non-blocking copy into a page-locked
+        buffer and the event that says it has landed (wait for it before reading)."""
+        if not self.is_cuda:
+            return tokens, None
+        with torch.cuda.stream(self.stream):
+            buf = self._host_tokens[self._host_turn][: tokens.shape[0]]
+            self._host_turn ^= 1
+            buf.copy_(tokens, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return buf, event
+
+    def record_tokens(self, forwarded: Forwarded, tokens: torch.Tensor) -> None:
+        """Commits a step's sampled tokens to the token buffer (padding rows: the scratch row)."""
+        if self.is_cuda:
+            with torch.cuda.stream(self.stream):
+                self.last_tokens[forwarded.slots.long()] = tokens
+            return
+        self.last_tokens[forwarded.slots.long()] = tokens

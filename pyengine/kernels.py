@@ -1,4 +1,8 @@
-"""Torch-facing CPU attention kernels: the paged KV store and paged attention.
+"""Torch-facing attention kernels: the paged KV store and paged attention.
+
+The functions here take CPU tensors and run the C++ CPU kernels; given CUDA tensors they hand
+over to :mod:`pyengine.cuda_kernels` (the same arguments, plus the few a GPU launch needs), so the
+model code calls one function whatever its device.
 
 Both functions run once per layer per step, so the checks here are kept to cheap metadata
 reads (dtype, shape, strides); the C++ kernels validate the index tensors' contents
@@ -81,6 +85,12 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
     return code
 
 
+def _check_unit_scales(k_scale: float, v_scale: float) -> None:
+    if k_scale != 1.0 or v_scale != 1.0:
+        raise ValueError(f"k_scale/v_scale: the CPU kernels have no fp8 cache, so the scales must be 1.0, "
+                         f"got {k_scale}, {v_scale}")
+
+
 def _check_index(t: torch.Tensor, name: str, dims: int) -> None:
     if t.dtype != _INT32:
         raise ValueError(f"{name}: expected dtype torch.int32, got {t.dtype}")
@@ -98,6 +108,8 @@ def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Writes this step's K/V rows into their paged-cache slots (converting dtype if needed).
 
@@ -108,10 +120,15 @@ def store_kv(
             float32/bfloat16/float16 (the cache dtype; rows are rounded to nearest even).
         slot_mapping: int32 ``[num_tokens]``, ``block_id * tokens_per_block + offset`` per row;
             a negative slot skips that row.
+        k_scale, v_scale: per-tensor scales of an fp8 cache (CUDA only; 1.0 elsewhere).
 
     Raises:
         ValueError: on a bad dtype, device, shape or layout (the message names the argument).
     """
+    if key.is_cuda:
+        from pyengine import cuda_kernels
+        return cuda_kernels.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    _check_unit_scales(k_scale, v_scale)
     cache_code = _check_cache(k_cache, v_cache)
     num_blocks, num_kv_heads, tokens_per_block, head_dim = k_cache.shape
     src_code = _code(key, "key")
@@ -146,6 +163,12 @@ def paged_attention(
     scale: float,
     sliding_window: int = 0,
     out: torch.Tensor | None = None,
+    *,
+    max_query_len: int | None = None,
+    max_context_len: int | None = None,
+    workspace: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of each sequence's query rows over its paged KV cache.
 
@@ -167,6 +190,10 @@ def paged_attention(
             ``p - sliding_window + 1 .. p``.
         out: optional ``[num_tokens, num_heads, head_dim]`` output in query's dtype (last two
             dims contiguous); allocated when not given.
+        max_query_len, max_context_len, workspace, k_scale, v_scale: CUDA only (see
+            :func:`pyengine.cuda_kernels.paged_attention`): the longest query and an upper bound
+            of ``seq_lens`` (host values, so a launch reads nothing back from the GPU), the
+            split-K scratch, the fp8 cache's scales. Ignored on the CPU (scales must be 1).
 
     Returns:
         ``out``, ``[num_tokens, num_heads, head_dim]`` in query's dtype.
@@ -175,6 +202,15 @@ def paged_attention(
         ValueError: on a bad dtype, device, shape or layout, or inconsistent index tensors (the
             message names the argument).
     """
+    if query.is_cuda:
+        from pyengine import cuda_kernels
+        if max_query_len is None or max_context_len is None or workspace is None:
+            raise ValueError("paged_attention on CUDA needs max_query_len, max_context_len and workspace")
+        return cuda_kernels.paged_attention(
+            query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window,
+            max_query_len=max_query_len, max_context_len=max_context_len, workspace=workspace, out=out,
+            k_scale=k_scale, v_scale=v_scale)
+    _check_unit_scales(k_scale, v_scale)
     cache_code = _check_cache(k_cache, v_cache)
     num_blocks, num_kv_heads, tokens_per_block, head_dim = k_cache.shape
     q_code = _code(query, "query")

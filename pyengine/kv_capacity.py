@@ -9,7 +9,9 @@ by `max_tokens` and `max_memory_bytes`, is the pool's budget:
 
 Pass 1's cache is torn down before pass 2 builds the real one. On the CPU the peak is the
 process's resident set high-water mark (VmHWM, reset before the dummy batch) and the
-available memory is the system's MemAvailable.
+available memory is the system's MemAvailable. On a GPU they are torch's allocator figures
+(peak allocated, reset before the dummy batch) and the device's free memory
+(`torch.cuda.mem_get_info`, after the allocator's cache is emptied).
 """
 
 from __future__ import annotations
@@ -87,6 +89,29 @@ class CpuMemoryProbe:
         peak = max(0, hwm - after)  # what the batch needed beyond what stays resident
         return MemoryReading(available_bytes=max(0, _meminfo("MemAvailable") - peak), peak_bytes=peak,
                              rss_before=before, rss_peak=hwm, rss_after=after)
+
+
+class CudaMemoryProbe:
+    """Measures the transient peak of a function on a GPU, from torch's allocator."""
+
+    def __init__(self, device: "torch.device") -> None:
+        self.device = device
+
+    def measure(self, run: Callable[[], None]) -> MemoryReading:
+        import torch
+        dev = self.device
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+        before = torch.cuda.memory_allocated(dev)
+        run()
+        torch.cuda.synchronize(dev)
+        after, hwm = torch.cuda.memory_allocated(dev), torch.cuda.max_memory_allocated(dev)
+        peak = max(0, hwm - after)
+        torch.cuda.empty_cache()  # what the allocator cached is free memory for the pool
+        free, _total = torch.cuda.mem_get_info(dev)
+        return MemoryReading(available_bytes=max(0, free - peak), peak_bytes=peak, rss_before=before,
+                             rss_peak=hwm, rss_after=after)
 
 
 def skip_requested() -> bool:

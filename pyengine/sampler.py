@@ -144,29 +144,33 @@ class SampleResult:
     tokens: torch.Tensor                 # int32 [n]
     logprobs: list[dict[int, float] | None]  # per row: top-N + chosen, or None
     rows: torch.Tensor | None = None     # the slots sampled (None on the all-greedy path)
+    host_tokens: torch.Tensor | None = None  # `tokens` on the host (set by the engine)
+    ready: "torch.cuda.Event | None" = None  # a GPU copy of host_tokens is complete once this fires
 
 
 class Sampler:
     """Per-slot sampling state and the vectorized sampling pass."""
 
-    def __init__(self, num_slots: int, vocab_size: int, seed: int | None = None) -> None:
+    def __init__(self, num_slots: int, vocab_size: int, seed: int | None = None,
+                 device: torch.device | str = "cpu") -> None:
         rows = num_slots + 1  # the last row is the scratch row for padding
         self.scratch_slot = num_slots
         self.vocab_size = vocab_size
-        self.temperature = torch.zeros(rows)
-        self.top_k = torch.full((rows,), vocab_size, dtype=torch.int64)
-        self.top_p = torch.ones(rows)
-        self.min_p = torch.zeros(rows)
-        self.repetition_penalty = torch.ones(rows)
-        self.presence_penalty = torch.zeros(rows)
-        self.frequency_penalty = torch.zeros(rows)
-        self.seed = torch.zeros(rows, dtype=torch.int64)
-        self.num_generated = torch.zeros(rows, dtype=torch.int64)  # the random counter
-        self.min_tokens = torch.zeros(rows, dtype=torch.int64)
-        self.num_logprobs = torch.full((rows,), -1, dtype=torch.int64)
-        self.counts = torch.zeros(rows, vocab_size, dtype=torch.int32)      # generated tokens
-        self.prompt_mask = torch.zeros(rows, vocab_size, dtype=torch.bool)  # tokens in the prompt
-        self.stop_mask = torch.zeros(rows, vocab_size, dtype=torch.bool)    # masked under min_tokens
+        self.device = dev = torch.device(device)  # where the logits arrive; all state lives there
+        self.temperature = torch.zeros(rows, device=dev)
+        self.top_k = torch.full((rows,), vocab_size, dtype=torch.int64, device=dev)
+        self.top_p = torch.ones(rows, device=dev)
+        self.min_p = torch.zeros(rows, device=dev)
+        self.repetition_penalty = torch.ones(rows, device=dev)
+        self.presence_penalty = torch.zeros(rows, device=dev)
+        self.frequency_penalty = torch.zeros(rows, device=dev)
+        self.seed = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.num_generated = torch.zeros(rows, dtype=torch.int64, device=dev)  # the random counter
+        self.min_tokens = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.num_logprobs = torch.full((rows,), -1, dtype=torch.int64, device=dev)
+        self.counts = torch.zeros(rows, vocab_size, dtype=torch.int32, device=dev)      # generated tokens
+        self.prompt_mask = torch.zeros(rows, vocab_size, dtype=torch.bool, device=dev)  # tokens in the prompt
+        self.stop_mask = torch.zeros(rows, vocab_size, dtype=torch.bool, device=dev)    # masked under min_tokens
         self._features = {slot: frozenset() for slot in range(rows)}
         self._active = {"sample": 0, "repetition": 0, "penalty": 0, "min_tokens": 0, "logprobs": 0,
                         "processors": 0}
@@ -201,18 +205,19 @@ class Sampler:
         if params.repetition_penalty != 1:
             features.add("repetition")
             self.prompt_mask[slot] = False
-            self.prompt_mask[slot, torch.tensor(prompt_ids, dtype=torch.int64)] = True
+            self.prompt_mask[slot, self._ids(prompt_ids)] = True
         if params.presence_penalty != 0 or params.frequency_penalty != 0:
             features.add("penalty")
         if params.repetition_penalty != 1 or "penalty" in features:
             self.counts[slot] = 0
             if output_ids:
-                self.counts[slot].index_put_((torch.tensor(output_ids, dtype=torch.int64),),
-                                             torch.ones(len(output_ids), dtype=torch.int32), accumulate=True)
+                self.counts[slot].index_put_((self._ids(output_ids),),
+                                             torch.ones(len(output_ids), dtype=torch.int32, device=self.device),
+                                             accumulate=True)
         if params.min_tokens > len(output_ids) and stop_ids:
             features.add("min_tokens")
             self.stop_mask[slot] = False
-            self.stop_mask[slot, torch.tensor(stop_ids, dtype=torch.int64)] = True
+            self.stop_mask[slot, self._ids(stop_ids)] = True
         if params.logprobs is not None:
             features.add("logprobs")
         if params.logits_processors:
@@ -221,6 +226,9 @@ class Sampler:
         self._features[slot] = frozenset(features)
         for f in features:
             self._active[f] += 1
+
+    def _ids(self, ids: list[int]) -> torch.Tensor:
+        return torch.tensor(ids, dtype=torch.int64, device=self.device)
 
     def release_slot(self, slot: int) -> None:
         """Forgets a slot's request (idempotent)."""
@@ -298,7 +306,7 @@ class Sampler:
         self.num_generated[rows] += 1
         if self._active["repetition"] or self._active["penalty"]:  # rows without penalties may count too: unused
             self.counts.index_put_((rows, result.tokens.to(torch.int64)),
-                                   torch.ones(rows.shape[0], dtype=torch.int32), accumulate=True)
+                                   torch.ones(rows.shape[0], dtype=torch.int32, device=self.device), accumulate=True)
 
 
 def top_logprobs(row: torch.Tensor, n: int, chosen: int) -> dict[int, float]:

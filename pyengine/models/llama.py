@@ -24,6 +24,13 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor   # [num_seqs + 1] int32
     seq_lens: torch.Tensor          # [num_seqs] int32
     block_tables: torch.Tensor      # [num_seqs, max_blocks_per_seq] int32
+    # What a CUDA launch needs besides (host values, so that it reads nothing back from the
+    # GPU; see pyengine/cuda_kernels.py); unused on the CPU.
+    max_query_len: int | None = None
+    max_context_len: int | None = None
+    workspace: torch.Tensor | None = None
+    k_scale: float = 1.0            # an fp8 cache's per-tensor scales
+    v_scale: float = 1.0
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -65,9 +72,10 @@ class LlamaFamilyModel:
     rows in `logits_indices`."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 max_seq_len: int):
+                 max_seq_len: int, device: torch.device | str = "cpu"):
         self.config = config
         self.dtype = dtype
+        self.device = torch.device(device)
         c = config
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         self.q_size, self.kv_size = q_size, kv_size
@@ -76,7 +84,7 @@ class LlamaFamilyModel:
             t = weights.pop(name)
             if tuple(t.shape) != shape:
                 raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {shape} from config.json")
-            return t.contiguous()
+            return t.to(self.device).contiguous()
 
         self.embed = take("model.embed_tokens.weight", (c.vocab_size, c.hidden_size))
         self.layers = []
@@ -112,8 +120,8 @@ class LlamaFamilyModel:
         positions = torch.arange(max_seq_len, dtype=torch.float32)
         freqs = positions[:, None] * rope_inv_freq(c)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = emb.cos().to(dtype)
-        self.sin = emb.sin().to(dtype)
+        self.cos = emb.cos().to(dtype).to(self.device)
+        self.sin = emb.sin().to(dtype).to(self.device)
         self.scale = c.head_dim ** -0.5
         self.sliding_window = c.sliding_window or 0
         # Without bf16 instructions, torch's bf16 GEMM is emulated and slow: for batches of
@@ -164,9 +172,11 @@ class LlamaFamilyModel:
                 k = rms_norm(k, layer["k_norm"], eps)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.k_scale, meta.v_scale)
             attn = kernels.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
-                                           meta.block_tables, self.scale, self.sliding_window)
+                                           meta.block_tables, self.scale, self.sliding_window,
+                                           max_query_len=meta.max_query_len, max_context_len=meta.max_context_len,
+                                           workspace=meta.workspace, k_scale=meta.k_scale, v_scale=meta.v_scale)
             h = residual + self.linear(attn.view(T, self.q_size), layer["o"])
             residual = h
             x = rms_norm(h, layer["post_norm"], eps)
