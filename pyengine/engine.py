@@ -497,6 +497,8 @@ class Engine:
     def _undo_schedule(self, batch: "_Batch") -> None:
         """A step failed: roll the schedule back (the aborts it dropped stay dropped; the
         caller keeps their final outputs for the next step that succeeds)."""
+        if self.device.type == "cuda":  # the failed step's queued copies and kernels finish first:
+            self._runner.stream.synchronize()  # the next schedule rewrites the buffers they read
         self._unseat_sampler_rows(batch.events)
         self._bm.rollback()
 

@@ -19,7 +19,10 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import torch
 
 SKIP_ENV = "PYENGINE_SKIP_KV_ESTIMATION"
 
