@@ -347,7 +347,8 @@ def hf_generate_static(
     batches of ``batch_size`` with left padding; each batch generates exactly as many
     tokens as its longest request (``max_new_tokens`` = ``min_new_tokens`` = that, EOS
     disabled), greedy. Counts only each request's own tokens as generated; the outputs are
-    each request's own tokens."""
+    each request's own tokens. A GPU model gets its inputs on its device, and the clock
+    stops once the device has finished."""
     from transformers import GenerationConfig
 
     outputs: list[list[int]] = []
@@ -371,13 +372,16 @@ def hf_generate_static(
             pad_token_id=pad_token_id,
             bos_token_id=None,
         )
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
+        out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                             generation_config=gen_cfg)
         if out.shape[1] != width + new:
             raise RuntimeError(
                 f"reference generated {out.shape[1] - width} tokens, expected {new}"
             )
         for i, r in enumerate(batch):
             outputs.append(out[i, width : width + r.max_tokens].tolist())
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     return RunResult(
         seconds,

@@ -63,6 +63,7 @@ __all__ = [
     "DEFAULT_INITIALIZER_RANGE",
     "MODEL_TYPES",
     "SMOLLM_135M_SHAPE",
+    "QWEN3_06B_SHAPE",
     "TINY_SHAPES",
     "BOS_TOKEN",
     "EOS_TOKEN",
@@ -106,6 +107,24 @@ SMOLLM_135M_SHAPE: dict[str, Any] = dict(
     initializer_range=0.02,
     perturb_norms_and_biases=False,
     dtype=torch.float32,
+    seed=0,
+)
+
+#: Qwen3-0.6B's shape (random weights) for the GPU benchmarks (bench/gpu_throughput.py).
+QWEN3_06B_SHAPE: dict[str, Any] = dict(
+    model_type="qwen3",
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_layers=28,
+    num_heads=16,
+    num_kv_heads=8,
+    head_dim=128,
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+    initializer_range=0.02,
+    perturb_norms_and_biases=False,
+    dtype=torch.bfloat16,
     seed=0,
 )
 
