@@ -11,7 +11,10 @@
 //   scores:  kLanes lanes share one token (each holds 16-byte chunks of its K row in fp32),
 //            dot with every query head (q in shared memory, fp32), shuffle-reduce -> S[g][t];
 //   softmax: warp w updates heads w, w+4, ... (running max / sum in the exp2 domain);
-//   PV:      a thread owns 8 output columns of kHeadsPerThread heads, acc += P[g][t] * V[t].
+//   PV:      a thread owns 8 output columns of one head (of kHeadsPerThread heads when the
+//            group is larger than 128 / (head_dim / 8)); with a small group the spare threads
+//            split the tile's tokens (P partitions, summed through shared memory at the end),
+//            acc += P[g][t] * V[t].
 // Output: with one split, normalized rows straight into `out`; otherwise each split writes its
 // normalized partial row and (max, sum) to the workspace for split_merge.cu.
 #include "attention.h"
@@ -91,9 +94,16 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttnArgs a) {
     sm.l[tid] = 0.f;
   }
 
-  // PV ownership: 8 columns of heads slot, slot + kHeadSlots, ...
+  // PV ownership: a thread owns 8 columns (ct) of one head slot. With fewer heads than slots
+  // (a small GQA group), the idle slots take token partitions instead: slot = tp * gc + g, and
+  // partition tp sums tokens tp, tp + P, ... of every tile (reduced across tp at the end).
+  // Otherwise (P = 1) it owns heads slot, slot + kHeadSlots, ...
   const int ct = tid % Tr::kColThreads;
   const int slot = tid / Tr::kColThreads;
+  const int P = gc >= Tr::kHeadSlots ? 1 : Tr::kHeadSlots / gc;  // token partitions
+  const int tp = P > 1 ? slot / gc : 0;
+  const int gbase = P > 1 ? slot % gc : slot;
+  const bool pv_active = tp < P;
   float acc[Tr::kHeadsPerThread][Tr::kCols];
 #pragma unroll
   for (int h = 0; h < Tr::kHeadsPerThread; ++h)
@@ -194,7 +204,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttnArgs a) {
       // ---- acc = acc * alpha + P V ----
 #pragma unroll
       for (int h = 0; h < Tr::kHeadsPerThread; ++h) {
-        const int g = slot + h * Tr::kHeadSlots;
+        const int g = gbase + h * Tr::kHeadSlots;
         if (g < gc) {
           const float al = sm.alpha[g];
 #pragma unroll
@@ -202,12 +212,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttnArgs a) {
         }
       }
 #pragma unroll 4
-      for (int t = 0; t < Tr::kTile; ++t) {
+      for (int t = pv_active ? tp : Tr::kTile; t < Tr::kTile; t += P) {
         float vf[Tr::kCols];
         load_float<CT, Tr::kCols>(&sm.v[stage][t * HD + ct * Tr::kCols], vf);
 #pragma unroll
         for (int h = 0; h < Tr::kHeadsPerThread; ++h) {
-          const int g = slot + h * Tr::kHeadSlots;
+          const int g = gbase + h * Tr::kHeadSlots;
           if (g < gc) {
             const float pr = sm.s[g][t];
 #pragma unroll
@@ -220,11 +230,29 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttnArgs a) {
   }
   __syncthreads();  // m / l visible even when this split had nothing to do
 
+  // ---- reduce the token partitions (the K tile buffer is free now) ----
+  if (P > 1) {  // uniform over the CTA; then kHeadsPerThread's h = 0 is the only live head
+    float* red = reinterpret_cast<float*>(&sm.k[0][0]);  // [P][gc][HD], <= 4 KiB
+    if (pv_active) {
+      float* mine = red + (tp * gc + gbase) * HD + ct * Tr::kCols;
+#pragma unroll
+      for (int c = 0; c < Tr::kCols; ++c) mine[c] = acc[0][c];
+    }
+    __syncthreads();
+    if (pv_active && tp == 0) {
+      for (int q = 1; q < P; ++q) {
+        const float* other = red + (q * gc + gbase) * HD + ct * Tr::kCols;
+#pragma unroll
+        for (int c = 0; c < Tr::kCols; ++c) acc[0][c] += other[c];
+      }
+    }
+  }
+
   // ---- epilogue ----
 #pragma unroll
   for (int h = 0; h < Tr::kHeadsPerThread; ++h) {
-    const int g = slot + h * Tr::kHeadSlots;
-    if (g >= gc) continue;
+    const int g = gbase + h * Tr::kHeadSlots;
+    if (g >= gc || !pv_active || tp != 0) continue;
     const float l = sm.l[g];
     const float inv = l > 0.f ? a.v_scale / l : 0.f;
     if (a.num_splits == 1) {
