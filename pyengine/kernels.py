@@ -25,81 +25,19 @@ from __future__ import annotations
 import torch
 
 import pyengine._core as _core
+from pyengine.kernel_checks import DTYPE_CODES
+from pyengine.kernel_checks import check_cache as _check_cache
+from pyengine.kernel_checks import check_index as _check_index
+from pyengine.kernel_checks import dtype_code as _code
+from pyengine.kernel_checks import row_stride as _rows
 
 __all__ = ["store_kv", "paged_attention", "DTYPE_CODES"]
-
-#: torch dtype -> C++ ``pyengine::kernels::DType`` value.
-DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-
-_INT32 = torch.int32
-
-
-def _code(t: torch.Tensor, name: str) -> int:
-    code = DTYPE_CODES.get(t.dtype)
-    if code is None:
-        raise ValueError(
-            f"{name}: dtype {t.dtype} is not supported (float32, bfloat16 or float16)"
-        )
-    if not t.is_cpu:
-        raise ValueError(f"{name}: must be a CPU tensor, got device {t.device}")
-    return code
-
-
-def _rows(t: torch.Tensor, name: str, heads: int, head_dim: int) -> int:
-    """Checks a ``[num_tokens, heads, head_dim]`` tensor whose last two dims are contiguous and
-    returns its row stride in elements."""
-    if t.dim() != 3:
-        raise ValueError(f"{name}: expected 3 dims [num_tokens, heads, head_dim], got {tuple(t.shape)}")
-    n, h, d = t.shape
-    if h != heads or d != head_dim:
-        raise ValueError(
-            f"{name}: expected shape [num_tokens, {heads}, {head_dim}], got {tuple(t.shape)}"
-        )
-    s0, s1, s2 = t.stride()
-    if (s2 != 1 and d > 1) or (s1 != d and h > 1):
-        raise ValueError(
-            f"{name}: the last two dims (heads, head_dim) must be contiguous, strides {t.stride()}"
-        )
-    return s0 if n > 1 else h * d
-
-
-def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
-    if k_cache.dim() != 4:
-        raise ValueError(
-            "k_cache: expected 4 dims [num_blocks, num_kv_heads, tokens_per_block, head_dim], "
-            f"got {tuple(k_cache.shape)}"
-        )
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(
-            f"v_cache: shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}"
-        )
-    if v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"v_cache: dtype {v_cache.dtype} differs from k_cache {k_cache.dtype}")
-    if not k_cache.is_contiguous():
-        raise ValueError("k_cache: must be contiguous")
-    if not v_cache.is_contiguous():
-        raise ValueError("v_cache: must be contiguous")
-    code = _code(k_cache, "k_cache")
-    if not v_cache.is_cpu:
-        raise ValueError(f"v_cache: must be a CPU tensor, got device {v_cache.device}")
-    return code
 
 
 def _check_unit_scales(k_scale: float, v_scale: float) -> None:
     if k_scale != 1.0 or v_scale != 1.0:
         raise ValueError(f"k_scale/v_scale: the CPU kernels have no fp8 cache, so the scales must be 1.0, "
                          f"got {k_scale}, {v_scale}")
-
-
-def _check_index(t: torch.Tensor, name: str, dims: int) -> None:
-    if t.dtype != _INT32:
-        raise ValueError(f"{name}: expected dtype torch.int32, got {t.dtype}")
-    if t.dim() != dims:
-        raise ValueError(f"{name}: expected {dims} dim(s), got shape {tuple(t.shape)}")
-    if not t.is_cpu:
-        raise ValueError(f"{name}: must be a CPU tensor, got device {t.device}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: must be contiguous")
 
 
 def store_kv(
