@@ -15,6 +15,8 @@ Usage: python bench/attention_cuda.py [--quick] [--iters N]
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -108,11 +110,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer shapes and iterations")
     ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
+    results = {"decode": [], "prefill": []}
     iters = args.iters or (10 if args.quick else 50)
     gen = torch.Generator().manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}  kernels: {ck.architectures()}")
     peak = copy_bandwidth(iters)
+    results["copy_bandwidth"] = peak
     print(f"device-to-device copy bandwidth: {peak / 1e12:.2f} TB/s "
           f"({peak / DATASHEET_BW:.0%} of the {DATASHEET_BW / 1e12:.1f} TB/s datasheet)")
 
@@ -120,6 +125,8 @@ def main():
     print(f"{'context':>8} {'time us':>9} {'TB/s':>7} {'vs copy':>8} {'vs 4.8':>7}")
     for ctx in ([4096, 16384] if args.quick else [4096, 8192, 16384]):
         t, bw = bench_decode(64, ctx, iters, gen)
+        results["decode"].append({"context": ctx, "seconds": t, "bytes_per_s": bw, "vs_copy": bw / peak,
+                                  "vs_datasheet": bw / DATASHEET_BW})
         print(f"{ctx:>8} {t * 1e6:>9.1f} {bw / 1e12:>7.2f} {bw / peak:>8.0%} "
               f"{bw / DATASHEET_BW:>7.0%}")
 
@@ -128,8 +135,12 @@ def main():
           f"{'ratio':>6} {'max err':>8}")
     for q_len in ([2048] if args.quick else [2048, 8192]):
         t, tf, t_ref, tf_ref, err = bench_prefill(q_len, iters, gen)
+        results["prefill"].append({"chunk": q_len, "seconds": t, "flops": tf, "sdpa_seconds": t_ref,
+                                   "sdpa_flops": tf_ref, "max_err": err})
         print(f"{q_len:>8} {t * 1e3:>8.3f} {tf / 1e12:>8.1f} {t_ref * 1e3:>8.3f} "
               f"{tf_ref / 1e12:>9.1f} {tf / tf_ref:>6.2f} {err:>8.4f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
