@@ -4,3 +4,4 @@
 
 include "_batch_manager.pxi"
 include "_kernels.pxi"
+include "_linear.pxi"
