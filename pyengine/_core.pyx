@@ -5,3 +5,4 @@
 include "_batch_manager.pxi"
 include "_kernels.pxi"
 include "_cuda_kernels.pxi"
+include "_linear.pxi"

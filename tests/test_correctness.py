@@ -74,8 +74,9 @@ def test_fp32_greedy_equals_transformers(variant, references):
 def test_bf16_greedy_is_close_to_transformers(variant, checkpoint_factory, monkeypatch, bf16_matmul):
     """bf16 rounding differs between implementations: each token we pick must be among
     transformers' top-3 given the same prefix (vLLM's check_logprobs_close idea), and most
-    sequences must match exactly. Both bf16 matmul paths: torch's bf16 GEMM, and fp32 GEMMs
-    on bf16 values (used for batches of 16+ rows on CPUs without bf16 instructions)."""
+    sequences must match exactly. Both bf16 matmul paths: torch's bf16 GEMM, and, as on CPUs
+    without bf16 instructions, fp32 GEMMs on bf16 values for batches of 16+ rows and
+    pyengine's bf16 kernel (fp32 accumulation) for fewer rows (decode)."""
     monkeypatch.setenv("PYENGINE_BF16_MATMUL", bf16_matmul)
     model_dir = checkpoint_factory(variant, **VARIANTS[variant])
     prompts = make_prompts()

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from pyengine import kernels
 from pyengine.cpu_features import EMULATED_BF16_MIN_ROWS, native_bf16_matmul
+from pyengine.cpu_linear import linear_bf16
 from pyengine.models.config import ModelConfig
 
 
@@ -126,12 +127,15 @@ class LlamaFamilyModel:
         self.sliding_window = c.sliding_window or 0
         # Without bf16 instructions, torch's bf16 GEMM is emulated and slow: for batches of
         # several rows, multiply in fp32 (weights converted on the fly, products exact, fp32
-        # accumulation, output rounded to bf16 as a bf16 GEMM does).
+        # accumulation, output rounded to bf16 as a bf16 GEMM does); for fewer rows (decode),
+        # the same arithmetic in pyengine's kernel, which streams the weights at memory speed.
         self.emulate_bf16 = dtype == torch.bfloat16 and weights_on_cpu(self.embed) and not native_bf16_matmul()
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         if self.emulate_bf16 and x.shape[0] >= EMULATED_BF16_MIN_ROWS:
             return F.linear(x.float(), w.float(), None if b is None else b.float()).to(torch.bfloat16)
+        if self.emulate_bf16 and x.shape[0] > 0:  # 1 .. EMULATED_BF16_MIN_ROWS - 1 rows
+            return linear_bf16(x.contiguous(), w, b)
         return F.linear(x, w, b)
 
     @staticmethod

@@ -10,22 +10,13 @@
 #include <vector>
 
 #include "attention_common.h"
+#include "cpu_isa.h"
 #include "dtype_check.h"
 #include "pyengine/kernels.h"
 
 namespace pyengine::kernels {
 
-namespace {
-
-using cpu::AttnParams;
-using cpu::CombineItem;
-using cpu::WorkItem;
-
-// Query rows (tokens x query heads of one KV head) per work item (Q tile + accumulator stay
-// within L1/L2).
-inline int32_t target_rows(int32_t head_dim) { return head_dim <= 64 ? 64 : 32; }
-// Smallest split-K piece, in KV tokens.
-constexpr int32_t kMinSplitTokens = 256;
+namespace cpu {
 
 bool cpu_has_avx512() {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -42,6 +33,20 @@ bool cpu_has_avx512() {
   return false;
 #endif
 }
+
+}  // namespace cpu
+
+namespace {
+
+using cpu::AttnParams;
+using cpu::CombineItem;
+using cpu::WorkItem;
+
+// Query rows (tokens x query heads of one KV head) per work item (Q tile + accumulator stay
+// within L1/L2).
+inline int32_t target_rows(int32_t head_dim) { return head_dim <= 64 ? 64 : 32; }
+// Smallest split-K piece, in KV tokens.
+constexpr int32_t kMinSplitTokens = 256;
 
 void fail(const std::string& msg) { throw std::invalid_argument(msg); }
 
@@ -219,7 +224,7 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
   p.partial_floats = per_partial;
   p.num_threads = nt;
 
-  if (cpu_has_avx512())
+  if (cpu::cpu_has_avx512())
     cpu::attention_run_avx512(p);
   else
     cpu::attention_run_generic(p);

@@ -1,0 +1,72 @@
+"""Torch-facing bf16 linear layer for few-row (decode) batches on CPUs without native bf16
+matmul, where torch's bf16 GEMV is emulated and compute-bound.
+
+``linear_bf16(x, weight, bias)`` equals ``F.linear(x.float(), weight.float(),
+bias.float()).to(torch.bfloat16)`` up to the order of the fp32 additions: exact bf16 products,
+fp32 accumulation, the result rounded to nearest even. It streams the weight once for all rows
+of ``x`` (1 to ``MAX_ROWS``), in parallel over output columns, without the GIL
+(``csrc/kernels/cpu/linear_bf16.cpp``). The checks here only read metadata: it runs once per
+linear layer per decode step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import pyengine._core as _core
+
+__all__ = ["linear_bf16", "MAX_ROWS", "isa"]
+
+#: Most rows of ``x`` that one call takes.
+MAX_ROWS: int = _core.LINEAR_BF16_MAX_ROWS
+
+_BF16 = torch.bfloat16
+
+
+def _check(t: torch.Tensor, name: str) -> None:
+    if t.dtype != _BF16:
+        raise ValueError(f"{name}: dtype must be torch.bfloat16, got {t.dtype}")
+    if not t.is_cpu:
+        raise ValueError(f"{name}: must be a CPU tensor, got device {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+
+
+def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """``y[M, N] = x[M, K] @ weight[N, K].T (+ bias[N])``, all bf16, contiguous, on the CPU;
+    1 <= M <= MAX_ROWS. Writes into ``out`` ([M, N]) when given. Raises ValueError naming the
+    bad argument."""
+    _check(x, "x")
+    _check(weight, "weight")
+    if x.dim() != 2:
+        raise ValueError(f"x: expected 2 dims [M, K], got {tuple(x.shape)}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight: expected 2 dims [N, K], got {tuple(weight.shape)}")
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k:
+        raise ValueError(f"weight: expected shape [N, {k}] for x of shape {tuple(x.shape)}, "
+                         f"got {tuple(weight.shape)}")
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"x: must have 1..{MAX_ROWS} rows, got {m}")
+    bias_ptr = 0
+    if bias is not None:
+        _check(bias, "bias")
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"bias: expected shape ({n},), got {tuple(bias.shape)}")
+        bias_ptr = bias.data_ptr()
+    if out is None:
+        out = torch.empty((m, n), dtype=_BF16)
+    else:
+        _check(out, "out")
+        if tuple(out.shape) != (m, n):
+            raise ValueError(f"out: expected shape ({m}, {n}), got {tuple(out.shape)}")
+    _core._linear_bf16(out.data_ptr(), x.data_ptr(), weight.data_ptr(), bias_ptr, m, n, k,
+                       torch.get_num_threads())
+    return out
+
+
+def isa() -> str:
+    """The code path ``linear_bf16`` takes on this machine: ``"avx512"`` or ``"generic"``."""
+    return _core._linear_bf16_isa()

@@ -1,0 +1,48 @@
+"""Which linear-layer path a bf16 model on a CPU without bf16 instructions takes: the
+pyengine kernel (pyengine.cpu_linear.linear_bf16) for fewer than EMULATED_BF16_MIN_ROWS rows,
+the tied lm_head included; fp32 GEMMs from there on."""
+
+from __future__ import annotations
+
+import torch
+
+import pyengine.models.llama as llama
+from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
+from pyengine.cpu_features import EMULATED_BF16_MIN_ROWS
+from pyengine.cpu_linear import MAX_ROWS
+
+
+def test_kernel_takes_every_row_count_below_the_fp32_threshold():
+    assert EMULATED_BF16_MIN_ROWS - 1 <= MAX_ROWS
+
+
+def test_decode_linears_and_tied_lm_head_use_the_kernel(checkpoint_factory, monkeypatch):
+    monkeypatch.setenv("PYENGINE_BF16_MATMUL", "fp32")  # as on a CPU without bf16 instructions
+    # The same checkpoint as test_correctness's "qwen2_tied" (the factory caches by name).
+    model_dir = checkpoint_factory("qwen2_tied", model_type="qwen2", num_heads=4, num_kv_heads=1,
+                                   tie_word_embeddings=True)
+    calls: list[tuple[int, int, bool]] = []  # (rows, weight address, has bias)
+
+    def spy(x, w, b=None, out=None):
+        calls.append((x.shape[0], w.data_ptr(), b is not None))
+        return real(x, w, b, out)
+
+    real = llama.linear_bf16
+    monkeypatch.setattr(llama, "linear_bf16", spy)
+    engine = Engine(model_dir, dtype="bfloat16", max_seq_len=128,
+                    kv_cache_config=KvCacheConfig(max_tokens=512),
+                    scheduler_config=SchedulerConfig(max_batch_size=2, max_num_tokens=64))
+    model = engine._runner.model
+    assert model.emulate_bf16
+    prompts = [list(range(1, 40)), list(range(5, 12))]  # 39 + 7 prompt rows: fp32 GEMMs
+    out = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+                          use_tqdm=False)
+    assert [len(r.token_ids) for r in out] == [4, 4]
+    assert calls and all(1 <= rows < EMULATED_BF16_MIN_ROWS for rows, _, _ in calls)
+    used = {addr for _, addr, _ in calls}
+    layer = model.layers[0]
+    for name in ("qkv", "o", "gate_up", "down"):
+        assert layer[name].data_ptr() in used, name
+    assert model.embed.data_ptr() in used  # the lm_head is the embedding table
+    assert any(bias for _, addr, bias in calls if addr == layer["qkv"].data_ptr())
+    assert all(t.dtype == torch.bfloat16 for t in (layer["qkv"], model.embed))
