@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from pyengine._core import CoreBatchManager
+from pyengine.cpu_decode import CpuDecodeLayers
 from pyengine.models import AttentionMetadata, LlamaFamilyModel
 
 logger = logging.getLogger("pyengine")
@@ -84,6 +85,9 @@ class ModelRunner:
         self.decode_pad_sizes: list[int] = []
         self.graphs = None  # pyengine.cuda_graphs.DecodeGraphs once captured
         self._registered: list[int] = []
+        self.cpu_decode = None  # all layers of a small bf16 batch in one C++ call, where the model can
+        if model.cpu_decode_layers and not self.is_cuda:
+            self.cpu_decode = CpuDecodeLayers(model, self.kv_caches, bm.max_blocks_per_seq)
         if self.is_cuda:
             self._init_cuda(c)
 
@@ -177,6 +181,7 @@ class ModelRunner:
             query_start_loc=self.query_start_loc[: num_seqs + 1],
             seq_lens=self.seq_lens[:num_seqs],
             block_tables=self.block_tables[:num_seqs],
+            cpu_decode=self.cpu_decode,
         )
         ngen = num_seqs if decode else self._bm.num_generation_seqs
         if ngen:  # generation rows come first, one token each

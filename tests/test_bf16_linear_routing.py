@@ -34,6 +34,8 @@ def test_decode_linears_and_tied_lm_head_use_the_kernel(checkpoint_factory, monk
                     scheduler_config=SchedulerConfig(max_batch_size=2, max_num_tokens=64))
     model = engine._runner.model
     assert model.emulate_bf16
+    assert engine._runner.cpu_decode is not None
+    engine._runner.cpu_decode = None  # the Python forward's routing (the C++ one: test_cpu_decode.py)
     prompts = [list(range(1, 40)), list(range(5, 12))]  # 39 + 7 prompt rows: fp32 GEMMs
     out = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
                           use_tqdm=False)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pyengine import kernels
+from pyengine import cpu_decode, cpu_elementwise, kernels
 from pyengine.cpu_features import EMULATED_BF16_MIN_ROWS, native_bf16_matmul
 from pyengine.cpu_linear import linear_bf16
 from pyengine.models.config import ModelConfig
@@ -32,6 +32,8 @@ class AttentionMetadata:
     workspace: torch.Tensor | None = None
     k_scale: float = 1.0            # an fp8 cache's per-tensor scales
     v_scale: float = 1.0
+    # CPU, bf16 via pyengine's linear kernel: all layers of a small batch in one C++ call
+    cpu_decode: "cpu_decode.CpuDecodeLayers | None" = None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -130,6 +132,12 @@ class LlamaFamilyModel:
         # accumulation, output rounded to bf16 as a bf16 GEMM does); for fewer rows (decode),
         # the same arithmetic in pyengine's kernel, which streams the weights at memory speed.
         self.emulate_bf16 = dtype == torch.bfloat16 and weights_on_cpu(self.embed) and not native_bf16_matmul()
+        # Half precision on the CPU: RMSNorm (+ residual add), RoPE and SiLU-mul of small batches
+        # run as one C++ call each (pyengine/cpu_elementwise.py); fp32 keeps torch's operations.
+        self.fused_elementwise = dtype in cpu_elementwise.SUPPORTED_DTYPES and weights_on_cpu(self.embed)
+        # And where the linears are pyengine's bf16 kernel, small batches run all layers in one
+        # C++ call (pyengine/cpu_decode.py), which the runner binds to its KV pool.
+        self.cpu_decode_layers = self.emulate_bf16
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         if self.emulate_bf16 and x.shape[0] >= EMULATED_BF16_MIN_ROWS:
@@ -161,12 +169,19 @@ class LlamaFamilyModel:
         c = self.config
         T = input_ids.shape[0]
         eps = c.rms_norm_eps
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1)
+        if meta.cpu_decode is not None and 0 < T <= cpu_decode.MAX_ROWS:
+            h = F.embedding(input_ids, self.embed)
+            meta.cpu_decode.run(h, positions, meta)
+            h = rms_norm(h[logits_indices], self.norm, eps)
+            return self.linear(h, self.lm_head).float()
+        fused = self.fused_elementwise and T <= cpu_elementwise.MAX_ROWS
+        if not fused:
+            cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
+            sin = self.sin[positions].unsqueeze(1)
         h = F.embedding(input_ids, self.embed)
+        delta = None  # the last sublayer's output, not yet added to the residual stream h
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            residual = h
-            x = rms_norm(h, layer["input_norm"], eps)
+            h, x = self._add_norm(h, delta, layer["input_norm"], fused)
             qkv = self.linear(x, layer["qkv"], layer["qkv_bias"])
             q = qkv[:, : self.q_size].view(T, c.num_heads, c.head_dim)
             k = qkv[:, self.q_size: self.q_size + self.kv_size].view(T, c.num_kv_heads, c.head_dim)
@@ -174,17 +189,39 @@ class LlamaFamilyModel:
             if layer["q_norm"] is not None:
                 q = rms_norm(q, layer["q_norm"], eps)
                 k = rms_norm(k, layer["k_norm"], eps)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            if fused:
+                cpu_elementwise.rotary_embedding_(q, self.cos, self.sin, positions)
+                cpu_elementwise.rotary_embedding_(k, self.cos, self.sin, positions)
+            else:
+                q = q * cos + rotate_half(q) * sin
+                k = k * cos + rotate_half(k) * sin
             kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.k_scale, meta.v_scale)
             attn = kernels.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                            meta.block_tables, self.scale, self.sliding_window,
                                            max_query_len=meta.max_query_len, max_context_len=meta.max_context_len,
                                            workspace=meta.workspace, k_scale=meta.k_scale, v_scale=meta.v_scale)
-            h = residual + self.linear(attn.view(T, self.q_size), layer["o"])
-            residual = h
-            x = rms_norm(h, layer["post_norm"], eps)
-            gate, up = self.linear(x, layer["gate_up"]).chunk(2, dim=-1)
-            h = residual + self.linear(F.silu(gate) * up, layer["down"])
+            delta = self.linear(attn.view(T, self.q_size), layer["o"])
+            h, x = self._add_norm(h, delta, layer["post_norm"], fused)
+            gate_up = self.linear(x, layer["gate_up"])
+            if fused:
+                act = cpu_elementwise.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                act = F.silu(gate) * up
+            delta = self.linear(act, layer["down"])
+        h = h + delta
         h = rms_norm(h[logits_indices], self.norm, eps)
         return self.linear(h, self.lm_head).float()
+
+    def _add_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                  fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h + delta, rms_norm(h + delta)) as transformers' residual add and next norm; the
+        fused kernel adds into h in place (h is the forward's own residual stream)."""
+        eps = self.config.rms_norm_eps
+        if fused:
+            if delta is None:
+                return h, cpu_elementwise.rms_norm(h, weight, eps)
+            return h, cpu_elementwise.add_rms_norm(delta, h, weight, eps)
+        if delta is not None:
+            h = h + delta
+        return h, rms_norm(h, weight, eps)

@@ -1,0 +1,43 @@
+// The decoder layers of a small bf16 batch (decode) in one call, on CPUs where pyengine's own
+// bf16 linear kernel is used: per layer RMSNorm -> qkv -> (q/k norm) -> RoPE -> KV store ->
+// paged attention -> o -> residual add + RMSNorm -> gate_up -> SiLU-mul -> down -> residual add,
+// each step the kernel of pyengine/cpu_linear.h, cpu_elementwise.h or kernels.h with the same
+// arguments the Python model would pass. At batch 1 a step's time otherwise goes largely to the
+// per-call overhead of a few hundred Python calls.
+#pragma once
+
+#include <cstdint>
+
+#include "pyengine/kernels.h"
+
+namespace pyengine::kernels {
+
+// Addresses of one layer's tensors, in this order (kDecodeLayerPointers per layer); q_norm,
+// k_norm and qkv_bias are 0 when the model has none.
+enum DecodeLayerPointer : int32_t {
+  kInputNorm = 0, kPostNorm, kQkv, kQkvBias, kQNorm, kKNorm, kO, kGateUp, kDown, kKCache, kVCache,
+  kDecodeLayerPointers
+};
+
+struct DecodeShape {
+  int32_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate;
+  float rms_norm_eps, scale;
+  int32_t sliding_window, max_position, tokens_per_block, max_blocks_per_seq;
+  DType cache_dtype;
+};
+
+// Scratch elements (bf16) decode_layers_bf16 needs for `num_tokens` rows.
+int64_t decode_scratch_elements(const DecodeShape& shape, int32_t num_tokens);
+
+// Runs every layer on the residual stream h [num_tokens, hidden] (bf16, updated in place: on
+// return h holds the last layer's output, before the final norm). layer_ptrs: num_layers x
+// kDecodeLayerPointers addresses; cos/sin: [max_position, head_dim] bf16 tables; the
+// metadata as for paged_attention. 1 <= num_tokens <= kLinearBf16MaxRows.
+void decode_layers_bf16(void* h, int32_t num_tokens, const uintptr_t* layer_ptrs,
+                        const DecodeShape& shape, const void* cos, const void* sin,
+                        const int32_t* positions, const int32_t* slot_mapping,
+                        const int32_t* query_start_loc, const int32_t* seq_lens,
+                        const int32_t* block_tables, int32_t num_seqs, void* scratch,
+                        int64_t scratch_elements, int32_t num_threads);
+
+}  // namespace pyengine::kernels

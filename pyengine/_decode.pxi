@@ -1,0 +1,61 @@
+# Cython binding of the CPU bf16 decode-layers kernel (csrc/include/pyengine/cpu_decode.h).
+# Included by _core.pyx. The torch-facing side is pyengine/cpu_decode.py.
+
+from libc.stdint cimport int32_t, int64_t, uintptr_t
+
+cdef extern from "pyengine/cpu_decode.h" namespace "pyengine::kernels" nogil:
+    const int32_t kDecodeLayerPointers
+    cdef struct DecodeShape:
+        int32_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate
+        float rms_norm_eps, scale
+        int32_t sliding_window, max_position, tokens_per_block, max_blocks_per_seq
+        DType cache_dtype
+    int64_t decode_scratch_elements(const DecodeShape& shape, int32_t num_tokens)
+    void decode_layers_bf16(void* h, int32_t num_tokens, const uintptr_t* layer_ptrs,
+                            const DecodeShape& shape, const void* cos, const void* sin,
+                            const int32_t* positions, const int32_t* slot_mapping,
+                            const int32_t* query_start_loc, const int32_t* seq_lens,
+                            const int32_t* block_tables, int32_t num_seqs, void* scratch,
+                            int64_t scratch_elements, int32_t num_threads) except +
+
+
+DECODE_LAYER_POINTERS = kDecodeLayerPointers
+
+
+cdef class CoreDecodeShape:
+    """A model's DecodeShape, built once."""
+    cdef DecodeShape s
+
+    def __init__(self, *, int32_t num_layers, int32_t hidden, int32_t num_heads, int32_t num_kv_heads,
+                 int32_t head_dim, int32_t intermediate, float rms_norm_eps, float scale,
+                 int32_t sliding_window, int32_t max_position, int32_t tokens_per_block,
+                 int32_t max_blocks_per_seq, int cache_dtype):
+        self.s.num_layers = num_layers
+        self.s.hidden = hidden
+        self.s.num_heads = num_heads
+        self.s.num_kv_heads = num_kv_heads
+        self.s.head_dim = head_dim
+        self.s.intermediate = intermediate
+        self.s.rms_norm_eps = rms_norm_eps
+        self.s.scale = scale
+        self.s.sliding_window = sliding_window
+        self.s.max_position = max_position
+        self.s.tokens_per_block = tokens_per_block
+        self.s.max_blocks_per_seq = max_blocks_per_seq
+        self.s.cache_dtype = <DType>cache_dtype
+
+    def scratch_elements(self, int32_t num_tokens) -> int:
+        return decode_scratch_elements(self.s, num_tokens)
+
+    def run(self, uintptr_t h, int32_t num_tokens, uintptr_t layer_ptrs, uintptr_t cos, uintptr_t sin,
+            uintptr_t positions, uintptr_t slot_mapping, uintptr_t query_start_loc, uintptr_t seq_lens,
+            uintptr_t block_tables, int32_t num_seqs, uintptr_t scratch, int64_t scratch_elements,
+            int32_t num_threads):
+        """Raw decode_layers_bf16 (addresses are data_ptr() values). Raises ValueError naming
+        the bad argument."""
+        with nogil:
+            decode_layers_bf16(<void*>h, num_tokens, <const uintptr_t*>layer_ptrs, self.s,
+                               <const void*>cos, <const void*>sin, <const int32_t*>positions,
+                               <const int32_t*>slot_mapping, <const int32_t*>query_start_loc,
+                               <const int32_t*>seq_lens, <const int32_t*>block_tables, num_seqs,
+                               <void*>scratch, scratch_elements, num_threads)

@@ -1,0 +1,59 @@
+"""Binds a bf16 model and a KV pool to the C++ kernel that runs all decoder layers of a small
+batch in one call (``csrc/include/pyengine/cpu_decode.h``).
+
+Used on CPUs without native bf16 matmul (where the model's linears are pyengine's bf16 kernel)
+for batches of at most ``cpu_linear.MAX_ROWS`` rows: the same kernels, in the same order, as the
+model's Python forward with fused elementwise kernels, without the few hundred Python calls per
+step around them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import pyengine._core as _core
+from pyengine.cpu_linear import MAX_ROWS
+from pyengine.kernel_checks import DTYPE_CODES
+
+__all__ = ["CpuDecodeLayers", "MAX_ROWS"]
+
+_ORDER = ("input_norm", "post_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "gate_up", "down")
+
+
+class CpuDecodeLayers:
+    """One model's layers and one KV pool's caches, as the C++ kernel takes them."""
+
+    def __init__(self, model, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], max_blocks_per_seq: int) -> None:
+        c = model.config
+        k0 = kv_caches[0][0]
+        rows = []
+        for layer, (k_cache, v_cache) in zip(model.layers, kv_caches):
+            rows.append([0 if layer[name] is None else layer[name].data_ptr() for name in _ORDER]
+                        + [k_cache.data_ptr(), v_cache.data_ptr()])
+        assert len(rows[0]) == _core.DECODE_LAYER_POINTERS
+        self.layer_ptrs = torch.tensor(rows, dtype=torch.int64)
+        # The addresses above stay valid while the runner that owns this binding lives (it holds
+        # the model and the KV pool).
+        self.shape = _core.CoreDecodeShape(
+            num_layers=c.num_layers, hidden=c.hidden_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim, intermediate=c.intermediate_size, rms_norm_eps=c.rms_norm_eps,
+            scale=model.scale, sliding_window=model.sliding_window, max_position=model.cos.shape[0],
+            tokens_per_block=k0.shape[2], max_blocks_per_seq=max_blocks_per_seq,
+            cache_dtype=_cache_code(k0))
+        self.scratch = torch.empty(self.shape.scratch_elements(MAX_ROWS), dtype=torch.bfloat16)
+        self.cos, self.sin = model.cos, model.sin
+
+    def run(self, h: torch.Tensor, positions: torch.Tensor, meta) -> None:
+        """All layers on h [T, hidden] bf16 (contiguous, updated in place)."""
+        num_seqs = meta.seq_lens.shape[0]
+        self.shape.run(h.data_ptr(), h.shape[0], self.layer_ptrs.data_ptr(), self.cos.data_ptr(),
+                       self.sin.data_ptr(), positions.data_ptr(), meta.slot_mapping.data_ptr(),
+                       meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(), meta.block_tables.data_ptr(),
+                       num_seqs, self.scratch.data_ptr(), self.scratch.numel(), torch.get_num_threads())
+
+
+def _cache_code(k_cache: torch.Tensor) -> int:
+    code = DTYPE_CODES.get(k_cache.dtype)
+    if code is None:
+        raise ValueError(f"k_cache: dtype {k_cache.dtype} is not a CPU cache dtype")
+    return code

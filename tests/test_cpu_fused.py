@@ -1,0 +1,134 @@
+"""The fused elementwise CPU kernels (pyengine.cpu_elementwise) against the torch operations
+they replace in the model, and the all-layers bf16 decode kernel (pyengine.cpu_decode) against
+the model's Python forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig, cpu_elementwise as ew
+from pyengine.models.llama import rms_norm, rotate_half
+
+HALF = [torch.bfloat16, torch.float16]
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance in units in the last place between two same-dtype tensors."""
+    ia = a.contiguous().view(torch.int16).to(torch.int32)
+    ib = b.contiguous().view(torch.int16).to(torch.int32)
+    # map sign-magnitude bit patterns to a monotone integer line
+    ia = torch.where(ia < 0, -(ia & 0x7FFF), ia)
+    ib = torch.where(ib < 0, -(ib & 0x7FFF), ib)
+    return int((ia - ib).abs().max())
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("rows,hidden", [(1, 576), (3, 64), (15, 1000), (7, 17)])
+def test_rms_norm_matches_transformers_order(dtype, rows, hidden):
+    g = torch.Generator().manual_seed(rows * hidden)
+    x = (torch.randn(rows, hidden, generator=g) * 3).to(dtype)
+    w = torch.randn(hidden, generator=g).to(dtype)
+    # the sum of squares may differ in its last fp32 bit: one unit in the last place at most
+    assert ulps(ew.rms_norm(x, w, 1e-6), rms_norm(x, w, 1e-6)) <= 1
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_add_rms_norm_adds_in_place_then_normalizes(dtype):
+    g = torch.Generator().manual_seed(1)
+    x, residual = torch.randn(5, 96, generator=g).to(dtype), torch.randn(5, 96, generator=g).to(dtype)
+    w = torch.randn(96, generator=g).to(dtype)
+    expected_sum = residual + x
+    out = ew.add_rms_norm(x, residual, w, 1e-5)
+    assert torch.equal(residual, expected_sum)  # the add is exact: same rounding as torch
+    assert ulps(out, rms_norm(expected_sum, w, 1e-5)) <= 1
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("tokens,heads,head_dim", [(1, 9, 64), (4, 3, 64), (15, 2, 128), (2, 1, 6)])
+def test_rotary_embedding_equals_torch_bit_for_bit(dtype, tokens, heads, head_dim):
+    g = torch.Generator().manual_seed(tokens + heads)
+    fused = torch.randn(tokens, 2 * heads + 1, head_dim, generator=g).to(dtype)  # a view inside rows
+    x = fused[:, 1: heads + 1]
+    table = torch.randn(50, head_dim, generator=g)
+    cos, sin = table.cos().to(dtype), table.sin().to(dtype)
+    positions = torch.randint(0, 50, (tokens,), generator=g, dtype=torch.int32)
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    expected = x * c + rotate_half(x) * s
+    before = fused.clone()
+    ew.rotary_embedding_(x, cos, sin, positions)
+    assert torch.equal(x, expected)
+    assert torch.equal(fused[:, 0], before[:, 0]) and torch.equal(fused[:, heads + 1:], before[:, heads + 1:])
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_silu_mul_within_one_ulp(dtype):
+    g = torch.Generator().manual_seed(3)
+    gate_up = (torch.randn(6, 2 * 300, generator=g) * 4).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert ulps(ew.silu_mul(gate_up), F.silu(gate) * up) <= 1  # exp may differ in its last bit
+
+
+def test_errors_name_the_argument():
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="x: dtype torch.float32 is not supported"):
+        ew.rms_norm(x.float(), torch.zeros(8), 1e-6)
+    with pytest.raises(ValueError, match="weight: dtype torch.float16 differs"):
+        ew.rms_norm(x, torch.zeros(8, dtype=torch.float16), 1e-6)
+    with pytest.raises(ValueError, match=r"positions: entry 1 is 9, outside \[0, 4\)"):
+        table = torch.zeros(4, 8, dtype=torch.bfloat16)
+        ew.rotary_embedding_(x.view(2, 1, 8), table, table, torch.tensor([0, 9], dtype=torch.int32))
+    with pytest.raises(ValueError, match="gate_up: expected a contiguous"):
+        ew.silu_mul(torch.zeros(2, 7, dtype=torch.bfloat16))
+
+
+PROMPTS = [list(range(3, 40)), [5, 9, 44, 71, 100, 3, 8], [300, 12, 17] * 9, list(range(100, 160))]
+
+
+def decode_logits(model_dir, cpp: bool, monkeypatch) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Greedy outputs and every decode step's logits, with the C++ all-layers path or the
+    Python forward (fused elementwise kernels)."""
+    monkeypatch.setenv("PYENGINE_BF16_MATMUL", "fp32")  # as on a CPU without bf16 instructions
+    engine = Engine(model_dir, dtype="bfloat16", max_seq_len=256, seed=0,
+                    kv_cache_config=KvCacheConfig(max_tokens=2048),
+                    scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=256))
+    runner = engine._runner
+    assert (runner.cpu_decode is not None) and runner.model.emulate_bf16
+    if not cpp:
+        runner.cpu_decode = None
+    logits = []
+    forward = runner.model.forward
+
+    def recording(input_ids, *args):
+        out = forward(input_ids, *args)
+        if input_ids.shape[0] <= 4:
+            logits.append(out.clone())
+        return out
+
+    runner.model.forward = recording
+    res = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    return [r.token_ids for r in res], logits
+
+
+@pytest.mark.parametrize("variant", [dict(model_type="llama", num_heads=4, num_kv_heads=2),
+                                     dict(model_type="qwen2", num_heads=4, num_kv_heads=1, tie_word_embeddings=True)])
+def test_cpp_decode_layers_equal_the_python_forward_bit_for_bit(checkpoint_factory, monkeypatch, variant):
+    model_dir = checkpoint_factory(f"fused_{variant['model_type']}", **variant)
+    tokens_py, logits_py = decode_logits(model_dir, cpp=False, monkeypatch=monkeypatch)
+    tokens_cpp, logits_cpp = decode_logits(model_dir, cpp=True, monkeypatch=monkeypatch)
+    assert tokens_cpp == tokens_py
+    assert len(logits_cpp) == len(logits_py) > 10
+    for a, b in zip(logits_cpp, logits_py):
+        assert torch.equal(a, b)  # the same kernels in the same order
+
+
+def test_cpp_decode_layers_with_qk_norm_stay_close(checkpoint_factory, monkeypatch):
+    # Qwen3's per-head q/k norms: the C++ path uses pyengine's RMSNorm kernel where the Python
+    # forward uses torch's (one ulp apart at most), so the logits are close, not identical.
+    model_dir = checkpoint_factory("fused_qwen3", model_type="qwen3", num_heads=4, num_kv_heads=2, head_dim=32)
+    tokens_py, logits_py = decode_logits(model_dir, cpp=False, monkeypatch=monkeypatch)
+    tokens_cpp, logits_cpp = decode_logits(model_dir, cpp=True, monkeypatch=monkeypatch)
+    assert tokens_cpp == tokens_py
+    for a, b in zip(logits_cpp, logits_py):
+        assert torch.allclose(a, b, atol=0.05, rtol=0.02)
