@@ -22,14 +22,7 @@ from __future__ import annotations
 import torch
 
 import pyengine._core as _core
-from pyengine.kernel_checks import (
-    DTYPE_CODES,
-    check_cache,
-    check_device,
-    check_index,
-    dtype_code,
-    row_stride,
-)
+from pyengine.kernel_checks import DTYPE_CODES, attention_args, check_device, store_kv_args
 
 __all__ = [
     "is_built",
@@ -89,31 +82,18 @@ def store_kv(
         ValueError: on a bad dtype, device, shape or layout (the message names the argument).
     """
     device = _cuda_device(key, "key")
-    cache_code = check_cache(k_cache, v_cache, device, CACHE_DTYPE_CODES)
-    num_blocks, num_kv_heads, tokens_per_block, head_dim = k_cache.shape
-    src_code = dtype_code(key, "key", device)
-    if value.dtype != key.dtype:
-        raise ValueError(f"value: dtype {value.dtype} differs from key {key.dtype}")
-    check_device(value, "value", device)
-    if cache_code != src_code and not (cache_code == _FP8 and src_code != 0):
+    a = store_kv_args(key, value, k_cache, v_cache, slot_mapping, device, CACHE_DTYPE_CODES)
+    if a.cache_code != a.src_code and not (a.cache_code == _FP8 and a.src_code != 0):
         raise ValueError(
             f"k_cache: dtype {k_cache.dtype} with key dtype {key.dtype} is not supported (the "
             "cache takes the key's dtype, or torch.float8_e4m3fn for bfloat16/float16 keys)"
         )
-    k_stride = row_stride(key, "key", num_kv_heads, head_dim)
-    v_stride = row_stride(value, "value", num_kv_heads, head_dim)
-    num_tokens = key.shape[0]
-    if value.shape[0] != num_tokens:
-        raise ValueError(f"value: {value.shape[0]} rows, key has {num_tokens}")
-    check_index(slot_mapping, "slot_mapping", 1, device)
-    if slot_mapping.shape[0] != num_tokens:
-        raise ValueError(f"slot_mapping: {slot_mapping.shape[0]} entries for {num_tokens} tokens")
-    if num_tokens == 0:
+    if a.num_tokens == 0:
         return
     _core._cuda_store_kv(
-        key.data_ptr(), value.data_ptr(), k_stride, v_stride, src_code,
-        k_cache.data_ptr(), v_cache.data_ptr(), cache_code, float(k_scale), float(v_scale),
-        slot_mapping.data_ptr(), num_tokens, num_kv_heads, head_dim, tokens_per_block,
+        key.data_ptr(), value.data_ptr(), a.key_stride, a.value_stride, a.src_code,
+        k_cache.data_ptr(), v_cache.data_ptr(), a.cache_code, float(k_scale), float(v_scale),
+        slot_mapping.data_ptr(), a.num_tokens, a.num_kv_heads, a.head_dim, a.tokens_per_block,
         _stream(device),
     )
 
@@ -165,33 +145,13 @@ def paged_attention(
         ValueError: on a bad dtype, device, shape or layout (the message names the argument).
     """
     device = _cuda_device(query, "query")
-    cache_code = check_cache(k_cache, v_cache, device, CACHE_DTYPE_CODES)
-    num_blocks, num_kv_heads, tokens_per_block, head_dim = k_cache.shape
-    q_code = dtype_code(query, "query", device)
-    if cache_code != q_code and not (cache_code == _FP8 and q_code != 0):
+    a = attention_args(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, out, device,
+                       CACHE_DTYPE_CODES)
+    if a.cache_code != a.q_code and not (a.cache_code == _FP8 and a.q_code != 0):
         raise ValueError(
             f"k_cache: dtype {k_cache.dtype} with query dtype {query.dtype} is not supported (the "
             "cache takes the query's dtype, or torch.float8_e4m3fn for bfloat16/float16 queries)"
         )
-    if query.dim() != 3:
-        raise ValueError(
-            f"query: expected 3 dims [num_tokens, num_heads, head_dim], got {tuple(query.shape)}"
-        )
-    num_tokens, num_heads, q_head_dim = query.shape
-    if q_head_dim != head_dim:
-        raise ValueError(f"query: head_dim {q_head_dim} differs from the cache's {head_dim}")
-    q_stride = row_stride(query, "query", num_heads, head_dim)
-    check_index(query_start_loc, "query_start_loc", 1, device)
-    check_index(seq_lens, "seq_lens", 1, device)
-    check_index(block_tables, "block_tables", 2, device)
-    num_seqs = seq_lens.shape[0]
-    if query_start_loc.shape[0] != num_seqs + 1:
-        raise ValueError(
-            f"query_start_loc: expected {num_seqs + 1} entries (num_seqs + 1), "
-            f"got {query_start_loc.shape[0]}"
-        )
-    if block_tables.shape[0] < num_seqs:
-        raise ValueError(f"block_tables: {block_tables.shape[0]} rows for {num_seqs} sequences")
     if workspace.dtype != torch.uint8 or workspace.dim() != 1:
         raise ValueError(
             f"workspace: expected a 1-dim torch.uint8 tensor, got {workspace.dtype} "
@@ -200,24 +160,14 @@ def paged_attention(
     check_device(workspace, "workspace", device)
     if not workspace.is_contiguous():
         raise ValueError("workspace: must be contiguous")
-    if out is None:
-        out = torch.empty((num_tokens, num_heads, head_dim), dtype=query.dtype, device=device)
-        out_stride = num_heads * head_dim
-    else:
-        if out.dtype != query.dtype:
-            raise ValueError(f"out: dtype {out.dtype} differs from query {query.dtype}")
-        check_device(out, "out", device)
-        out_stride = row_stride(out, "out", num_heads, head_dim)
-        if out.shape[0] != num_tokens:
-            raise ValueError(f"out: {out.shape[0]} rows, query has {num_tokens}")
-    if num_tokens == 0 or num_seqs == 0:
-        return out
+    if a.num_tokens == 0 or a.num_seqs == 0:
+        return a.out
     _core._cuda_paged_attention(
-        out.data_ptr(), out_stride, query.data_ptr(), q_stride, q_code,
-        k_cache.data_ptr(), v_cache.data_ptr(), cache_code, float(k_scale), float(v_scale),
+        a.out.data_ptr(), a.out_stride, query.data_ptr(), a.query_stride, a.q_code,
+        k_cache.data_ptr(), v_cache.data_ptr(), a.cache_code, float(k_scale), float(v_scale),
         query_start_loc.data_ptr(), seq_lens.data_ptr(), block_tables.data_ptr(),
-        num_seqs, num_tokens, block_tables.shape[1], num_heads, num_kv_heads, head_dim,
-        tokens_per_block, float(scale), int(sliding_window), int(max_query_len),
+        a.num_seqs, a.num_tokens, block_tables.shape[1], a.num_heads, a.num_kv_heads, a.head_dim,
+        a.tokens_per_block, float(scale), int(sliding_window), int(max_query_len),
         int(max_context_len), workspace.data_ptr(), workspace.numel(), _stream(device),
     )
-    return out
+    return a.out

@@ -7,6 +7,8 @@ so nothing synchronizes with a device. Every error is a ``ValueError`` naming th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 #: torch dtype -> C++ ``pyengine::kernels::DType`` value of the activation dtypes.
@@ -95,3 +97,93 @@ def check_index(t: torch.Tensor, name: str, dims: int, device: torch.device = _C
     check_device(t, name, device)
     if not t.is_contiguous():
         raise ValueError(f"{name}: must be contiguous")
+
+
+@dataclass
+class StoreKvArgs:
+    src_code: int
+    cache_code: int
+    key_stride: int
+    value_stride: int
+    num_tokens: int
+    num_kv_heads: int
+    head_dim: int
+    tokens_per_block: int
+
+
+def store_kv_args(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor, device: torch.device = _CPU,
+                  cache_codes: dict | None = None) -> StoreKvArgs:
+    """The checks every store_kv shares (dtypes, devices, shapes, layouts), and its sizes."""
+    cache_code = check_cache(k_cache, v_cache, device, cache_codes)
+    _num_blocks, num_kv_heads, tokens_per_block, head_dim = k_cache.shape
+    src_code = dtype_code(key, "key", device)
+    if value.dtype != key.dtype:
+        raise ValueError(f"value: dtype {value.dtype} differs from key {key.dtype}")
+    check_device(value, "value", device)
+    k_stride = row_stride(key, "key", num_kv_heads, head_dim)
+    v_stride = row_stride(value, "value", num_kv_heads, head_dim)
+    num_tokens = key.shape[0]
+    if value.shape[0] != num_tokens:
+        raise ValueError(f"value: {value.shape[0]} rows, key has {num_tokens}")
+    check_index(slot_mapping, "slot_mapping", 1, device)
+    if slot_mapping.shape[0] != num_tokens:
+        raise ValueError(f"slot_mapping: {slot_mapping.shape[0]} entries for {num_tokens} tokens")
+    return StoreKvArgs(src_code, cache_code, k_stride, v_stride, num_tokens, num_kv_heads, head_dim,
+                       tokens_per_block)
+
+
+@dataclass
+class AttentionArgs:
+    q_code: int
+    cache_code: int
+    query_stride: int
+    out: torch.Tensor
+    out_stride: int
+    num_tokens: int
+    num_seqs: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tokens_per_block: int
+
+
+def attention_args(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                   out: torch.Tensor | None, device: torch.device = _CPU,
+                   cache_codes: dict | None = None) -> AttentionArgs:
+    """The checks every paged_attention shares, its sizes, and `out` (allocated when None)."""
+    cache_code = check_cache(k_cache, v_cache, device, cache_codes)
+    _num_blocks, num_kv_heads, tokens_per_block, head_dim = k_cache.shape
+    q_code = dtype_code(query, "query", device)
+    if query.dim() != 3:
+        raise ValueError(
+            f"query: expected 3 dims [num_tokens, num_heads, head_dim], got {tuple(query.shape)}"
+        )
+    num_tokens, num_heads, q_head_dim = query.shape
+    if q_head_dim != head_dim:
+        raise ValueError(f"query: head_dim {q_head_dim} differs from the cache's {head_dim}")
+    q_stride = row_stride(query, "query", num_heads, head_dim)
+    check_index(query_start_loc, "query_start_loc", 1, device)
+    check_index(seq_lens, "seq_lens", 1, device)
+    check_index(block_tables, "block_tables", 2, device)
+    num_seqs = seq_lens.shape[0]
+    if query_start_loc.shape[0] != num_seqs + 1:
+        raise ValueError(
+            f"query_start_loc: expected {num_seqs + 1} entries (num_seqs + 1), "
+            f"got {query_start_loc.shape[0]}"
+        )
+    if block_tables.shape[0] < num_seqs:
+        raise ValueError(f"block_tables: {block_tables.shape[0]} rows for {num_seqs} sequences")
+    if out is None:
+        out = torch.empty((num_tokens, num_heads, head_dim), dtype=query.dtype, device=device)
+        out_stride = num_heads * head_dim
+    else:
+        if out.dtype != query.dtype:
+            raise ValueError(f"out: dtype {out.dtype} differs from query {query.dtype}")
+        check_device(out, "out", device)
+        out_stride = row_stride(out, "out", num_heads, head_dim)
+        if out.shape[0] != num_tokens:
+            raise ValueError(f"out: {out.shape[0]} rows, query has {num_tokens}")
+    return AttentionArgs(q_code, cache_code, q_stride, out, out_stride, num_tokens, num_seqs, num_heads,
+                         num_kv_heads, head_dim, tokens_per_block)

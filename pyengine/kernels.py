@@ -25,11 +25,7 @@ from __future__ import annotations
 import torch
 
 import pyengine._core as _core
-from pyengine.kernel_checks import DTYPE_CODES
-from pyengine.kernel_checks import check_cache as _check_cache
-from pyengine.kernel_checks import check_index as _check_index
-from pyengine.kernel_checks import dtype_code as _code
-from pyengine.kernel_checks import row_stride as _rows
+from pyengine.kernel_checks import DTYPE_CODES, attention_args, store_kv_args
 
 __all__ = ["store_kv", "paged_attention", "DTYPE_CODES"]
 
@@ -67,27 +63,13 @@ def store_kv(
         from pyengine import cuda_kernels
         return cuda_kernels.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     _check_unit_scales(k_scale, v_scale)
-    cache_code = _check_cache(k_cache, v_cache)
-    num_blocks, num_kv_heads, tokens_per_block, head_dim = k_cache.shape
-    src_code = _code(key, "key")
-    if value.dtype != key.dtype:
-        raise ValueError(f"value: dtype {value.dtype} differs from key {key.dtype}")
-    if not value.is_cpu:
-        raise ValueError(f"value: must be a CPU tensor, got device {value.device}")
-    k_stride = _rows(key, "key", num_kv_heads, head_dim)
-    v_stride = _rows(value, "value", num_kv_heads, head_dim)
-    num_tokens = key.shape[0]
-    if value.shape[0] != num_tokens:
-        raise ValueError(f"value: {value.shape[0]} rows, key has {num_tokens}")
-    _check_index(slot_mapping, "slot_mapping", 1)
-    if slot_mapping.shape[0] != num_tokens:
-        raise ValueError(f"slot_mapping: {slot_mapping.shape[0]} entries for {num_tokens} tokens")
-    if num_tokens == 0:
+    a = store_kv_args(key, value, k_cache, v_cache, slot_mapping)
+    if a.num_tokens == 0:
         return
     _core._store_kv(
-        key.data_ptr(), value.data_ptr(), k_stride, v_stride, src_code,
-        k_cache.data_ptr(), v_cache.data_ptr(), cache_code, slot_mapping.data_ptr(),
-        num_tokens, num_kv_heads, head_dim, tokens_per_block,
+        key.data_ptr(), value.data_ptr(), a.key_stride, a.value_stride, a.src_code,
+        k_cache.data_ptr(), v_cache.data_ptr(), a.cache_code, slot_mapping.data_ptr(),
+        a.num_tokens, a.num_kv_heads, a.head_dim, a.tokens_per_block,
     )
 
 
@@ -149,46 +131,14 @@ def paged_attention(
             max_query_len=max_query_len, max_context_len=max_context_len, workspace=workspace, out=out,
             k_scale=k_scale, v_scale=v_scale)
     _check_unit_scales(k_scale, v_scale)
-    cache_code = _check_cache(k_cache, v_cache)
-    num_blocks, num_kv_heads, tokens_per_block, head_dim = k_cache.shape
-    q_code = _code(query, "query")
-    if query.dim() != 3:
-        raise ValueError(
-            f"query: expected 3 dims [num_tokens, num_heads, head_dim], got {tuple(query.shape)}"
-        )
-    num_tokens, num_heads, q_head_dim = query.shape
-    if q_head_dim != head_dim:
-        raise ValueError(f"query: head_dim {q_head_dim} differs from the cache's {head_dim}")
-    q_stride = _rows(query, "query", num_heads, head_dim)
-    _check_index(query_start_loc, "query_start_loc", 1)
-    _check_index(seq_lens, "seq_lens", 1)
-    _check_index(block_tables, "block_tables", 2)
-    num_seqs = seq_lens.shape[0]
-    if query_start_loc.shape[0] != num_seqs + 1:
-        raise ValueError(
-            f"query_start_loc: expected {num_seqs + 1} entries (num_seqs + 1), "
-            f"got {query_start_loc.shape[0]}"
-        )
-    if block_tables.shape[0] < num_seqs:
-        raise ValueError(f"block_tables: {block_tables.shape[0]} rows for {num_seqs} sequences")
-    if out is None:
-        out = torch.empty((num_tokens, num_heads, head_dim), dtype=query.dtype)
-        out_stride = num_heads * head_dim
-    else:
-        if out.dtype != query.dtype:
-            raise ValueError(f"out: dtype {out.dtype} differs from query {query.dtype}")
-        if not out.is_cpu:
-            raise ValueError(f"out: must be a CPU tensor, got device {out.device}")
-        out_stride = _rows(out, "out", num_heads, head_dim)
-        if out.shape[0] != num_tokens:
-            raise ValueError(f"out: {out.shape[0]} rows, query has {num_tokens}")
-    if num_tokens == 0 or num_seqs == 0:
-        return out
+    a = attention_args(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, out)
+    if a.num_tokens == 0 or a.num_seqs == 0:
+        return a.out
     _core._paged_attention(
-        out.data_ptr(), out_stride, query.data_ptr(), q_stride, q_code,
-        k_cache.data_ptr(), v_cache.data_ptr(), cache_code, query_start_loc.data_ptr(),
-        seq_lens.data_ptr(), block_tables.data_ptr(), num_seqs, block_tables.shape[1],
-        num_heads, num_kv_heads, head_dim, tokens_per_block, float(scale), int(sliding_window),
+        a.out.data_ptr(), a.out_stride, query.data_ptr(), a.query_stride, a.q_code,
+        k_cache.data_ptr(), v_cache.data_ptr(), a.cache_code, query_start_loc.data_ptr(),
+        seq_lens.data_ptr(), block_tables.data_ptr(), a.num_seqs, block_tables.shape[1],
+        a.num_heads, a.num_kv_heads, a.head_dim, a.tokens_per_block, float(scale), int(sliding_window),
         torch.get_num_threads(),
     )
-    return out
+    return a.out
