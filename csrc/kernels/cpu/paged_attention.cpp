@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../attention_checks.h"
 #include "attention_common.h"
 #include "cpu_isa.h"
 #include "dtype_check.h"
@@ -75,26 +76,14 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
   // ---- validation ----
   cpu::check_dtype(q_dtype, "q_dtype");
   cpu::check_dtype(cache_dtype, "cache_dtype");
-  if (num_seqs < 0) fail("num_seqs: must be >= 0");
-  if (max_blocks_per_seq <= 0) fail("max_blocks_per_seq: must be > 0");
-  if (num_heads <= 0) fail("num_heads: must be > 0");
-  if (num_kv_heads <= 0) fail("num_kv_heads: must be > 0");
-  if (num_heads % num_kv_heads != 0) fail("num_heads: must be a multiple of num_kv_heads");
+  check_attention_heads(num_seqs, max_blocks_per_seq, num_heads, num_kv_heads);
   if (head_dim <= 0) fail("head_dim: must be > 0");
   if (tokens_per_block <= 0) fail("tokens_per_block: must be > 0");
   if (sliding_window < 0) fail("sliding_window: must be >= 0 (0 disables it)");
   if (!(scale == scale)) fail("scale: must not be NaN");
   if (num_seqs == 0) return;
-  if (out == nullptr) fail("out: null pointer");
-  if (query == nullptr) fail("query: null pointer");
-  if (k_cache == nullptr) fail("k_cache: null pointer");
-  if (v_cache == nullptr) fail("v_cache: null pointer");
-  if (query_start_loc == nullptr) fail("query_start_loc: null pointer");
-  if (seq_lens == nullptr) fail("seq_lens: null pointer");
-  if (block_tables == nullptr) fail("block_tables: null pointer");
-  const int64_t row = static_cast<int64_t>(num_heads) * head_dim;
-  if (query_row_stride < row) fail("query_row_stride: must be >= num_heads * head_dim");
-  if (out_row_stride < row) fail("out_row_stride: must be >= num_heads * head_dim");
+  check_attention_buffers(out, out_row_stride, query, query_row_stride, k_cache, v_cache,
+                          query_start_loc, seq_lens, block_tables, num_heads, head_dim);
 
   if (query_start_loc[0] < 0) fail("query_start_loc: must start at >= 0");
   for (int32_t s = 0; s < num_seqs; ++s) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "../attention_checks.h"
 #include "attention.h"
 #include "common.cuh"
 #include "pyengine/cuda_kernels.h"
@@ -103,12 +104,8 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
          " with q_dtype " + std::to_string(static_cast<int>(q_dtype)) +
          " is not supported (the cache takes the query dtype, or float8_e4m3 with "
          "bfloat16/float16 queries)");
-  if (num_seqs < 0) fail("num_seqs: must be >= 0");
+  check_attention_heads(num_seqs, max_blocks_per_seq, num_heads, num_kv_heads);
   if (num_tokens < 0) fail("num_tokens: must be >= 0");
-  if (max_blocks_per_seq <= 0) fail("max_blocks_per_seq: must be > 0");
-  if (num_heads <= 0) fail("num_heads: must be > 0");
-  if (num_kv_heads <= 0) fail("num_kv_heads: must be > 0");
-  if (num_heads % num_kv_heads != 0) fail("num_heads: must be a multiple of num_kv_heads");
   if (num_heads > 65535) fail("num_heads: must be <= 65535");
   if (head_dim != 64 && head_dim != 128 && head_dim != 256)
     fail("head_dim: " + std::to_string(head_dim) + " is not supported (64, 128 or 256)");
@@ -126,18 +123,10 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
   }
   if (num_seqs == 0 || num_tokens == 0) return;
   if (max_query_len == 0) fail("max_query_len: must be >= 1 when there are query rows");
-  if (out == nullptr) fail("out: null pointer");
-  if (query == nullptr) fail("query: null pointer");
-  if (k_cache == nullptr) fail("k_cache: null pointer");
-  if (v_cache == nullptr) fail("v_cache: null pointer");
-  if (query_start_loc == nullptr) fail("query_start_loc: null pointer");
-  if (seq_lens == nullptr) fail("seq_lens: null pointer");
-  if (block_tables == nullptr) fail("block_tables: null pointer");
+  check_attention_buffers(out, out_row_stride, query, query_row_stride, k_cache, v_cache,
+                          query_start_loc, seq_lens, block_tables, num_heads, head_dim);
   if (!aligned16(k_cache)) fail("k_cache: must be 16-byte aligned");
   if (!aligned16(v_cache)) fail("v_cache: must be 16-byte aligned");
-  const int64_t row = static_cast<int64_t>(num_heads) * head_dim;
-  if (query_row_stride < row) fail("query_row_stride: must be >= num_heads * head_dim");
-  if (out_row_stride < row) fail("out_row_stride: must be >= num_heads * head_dim");
   const size_t need =
       paged_attention_workspace_bytes(num_tokens, num_heads, head_dim, max_context_len);
   if (workspace_bytes < need)
