@@ -1,5 +1,5 @@
-"""Torch-facing fused elementwise CPU kernels for bfloat16/float16 decode steps: RMSNorm (with
-the residual add before it), rotary embedding in place, SiLU·mul.
+"""Torch-facing fused elementwise CPU kernels for decode steps: RMSNorm (with the residual add
+before it), rotary embedding in place, SiLU·mul; float32, bfloat16 or float16.
 
 Each equals the sequence of torch operations it replaces in ``pyengine/models/llama.py`` (same
 order, same roundings to the activation dtype; the RMSNorm's sum of squares may differ in the
@@ -17,7 +17,7 @@ from pyengine.kernel_checks import DTYPE_CODES
 
 __all__ = ["rms_norm", "add_rms_norm", "rotary_embedding_", "silu_mul", "SUPPORTED_DTYPES", "MAX_ROWS"]
 
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 #: The model uses these kernels for batches of at most this many rows: their loops are plain
 #: (scalar exp), so for prefill torch's vectorized operations are faster.
@@ -42,7 +42,7 @@ def _rows_2d(t: torch.Tensor, name: str, width: int) -> int:
 
 def _code(x: torch.Tensor) -> int:
     if x.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"x: dtype {x.dtype} is not supported (bfloat16 or float16)")
+        raise ValueError(f"x: dtype {x.dtype} is not supported (float32, bfloat16 or float16)")
     if not x.is_cpu:
         raise ValueError(f"x: must be a CPU tensor, got device {x.device}")
     return DTYPE_CODES[x.dtype]

@@ -132,8 +132,8 @@ class LlamaFamilyModel:
         # accumulation, output rounded to bf16 as a bf16 GEMM does); for fewer rows (decode),
         # the same arithmetic in pyengine's kernel, which streams the weights at memory speed.
         self.emulate_bf16 = dtype == torch.bfloat16 and weights_on_cpu(self.embed) and not native_bf16_matmul()
-        # Half precision on the CPU: RMSNorm (+ residual add), RoPE and SiLU-mul of small batches
-        # run as one C++ call each (pyengine/cpu_elementwise.py); fp32 keeps torch's operations.
+        # On the CPU, RMSNorm (+ residual add), RoPE and SiLU-mul of small batches run as one
+        # C++ call each (pyengine/cpu_elementwise.py), rounding as torch's operations do.
         self.fused_elementwise = dtype in cpu_elementwise.SUPPORTED_DTYPES and weights_on_cpu(self.embed)
         # And where the linears are pyengine's bf16 kernel, small batches run all layers in one
         # C++ call (pyengine/cpu_decode.py), which the runner binds to its KV pool.

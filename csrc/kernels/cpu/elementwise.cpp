@@ -1,12 +1,15 @@
 // rms_norm, rotary_embedding, silu_mul: see pyengine/cpu_elementwise.h. Plain loops over rows
 // that gcc vectorizes; the rows of a decode step are a few KB, so the win is one call instead
-// of a dozen torch operations, not the arithmetic.
+// of a dozen torch operations, not the arithmetic. Compiled with -ffp-contract=off: a fused
+// multiply-add would round differently from torch's separate multiply and add (fp32 RoPE is
+// bit-exact with torch only without it).
 #include <omp.h>
 
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "dtype_convert.h"
 #include "pyengine/cpu_elementwise.h"
@@ -24,10 +27,22 @@ void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument(what);
 }
 
-void check_half_dtype(DType dtype) {
-  require(dtype == DType::kBFloat16 || dtype == DType::kFloat16,
-          "dtype: the fused elementwise kernels take bfloat16 or float16, got DType " +
+void check_dtype(DType dtype) {
+  require(dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+          "dtype: the fused elementwise kernels take float32, bfloat16 or float16, got DType " +
               std::to_string(static_cast<int32_t>(dtype)));
+}
+
+// Calls f with a null pointer of the storage type of `dtype` (checked).
+template <typename F>
+void dispatch(DType dtype, F&& f) {
+  check_dtype(dtype);
+  if (dtype == DType::kFloat32)
+    f(static_cast<float*>(nullptr));
+  else if (dtype == DType::kBFloat16)
+    f(static_cast<bf16_t*>(nullptr));
+  else
+    f(static_cast<fp16_t*>(nullptr));
 }
 
 template <typename T>
@@ -115,26 +130,24 @@ void silu_mul_impl(T* out, const T* gate_up, int32_t rows, int32_t inter, int32_
 void rms_norm(void* out, int64_t out_stride, const void* x, int64_t x_stride, void* residual,
               int64_t residual_stride, const void* weight, DType dtype, int32_t num_rows,
               int32_t hidden, float eps, int32_t num_threads) {
-  check_half_dtype(dtype);
+  check_dtype(dtype);
   require(num_rows >= 0, "num_rows: must be >= 0, got " + std::to_string(num_rows));
   require(hidden > 0, "hidden: must be positive, got " + std::to_string(hidden));
   require(out != nullptr && x != nullptr && weight != nullptr, "out/x/weight: null pointer");
   require(out_stride >= hidden && x_stride >= hidden, "out_stride/x_stride: smaller than hidden");
   require(residual == nullptr || residual_stride >= hidden, "residual_stride: smaller than hidden");
-  if (dtype == DType::kBFloat16)
-    rms_norm_impl(static_cast<bf16_t*>(out), out_stride, static_cast<const bf16_t*>(x), x_stride,
-                  static_cast<bf16_t*>(residual), residual_stride, static_cast<const bf16_t*>(weight),
-                  num_rows, hidden, eps, num_threads);
-  else
-    rms_norm_impl(static_cast<fp16_t*>(out), out_stride, static_cast<const fp16_t*>(x), x_stride,
-                  static_cast<fp16_t*>(residual), residual_stride, static_cast<const fp16_t*>(weight),
-                  num_rows, hidden, eps, num_threads);
+  dispatch(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    rms_norm_impl(static_cast<T*>(out), out_stride, static_cast<const T*>(x), x_stride,
+                  static_cast<T*>(residual), residual_stride, static_cast<const T*>(weight), num_rows,
+                  hidden, eps, num_threads);
+  });
 }
 
 void rotary_embedding(void* x, int64_t x_stride, int32_t num_tokens, int32_t num_heads,
                       int32_t head_dim, const void* cos, const void* sin, int32_t max_position,
                       const int32_t* positions, DType dtype, int32_t num_threads) {
-  check_half_dtype(dtype);
+  check_dtype(dtype);
   require(num_tokens >= 0, "num_tokens: must be >= 0, got " + std::to_string(num_tokens));
   require(num_heads > 0, "num_heads: must be positive, got " + std::to_string(num_heads));
   require(head_dim > 0 && head_dim % 2 == 0,
@@ -147,28 +160,23 @@ void rotary_embedding(void* x, int64_t x_stride, int32_t num_tokens, int32_t num
     require(positions[t] >= 0 && positions[t] < max_position,
             "positions: entry " + std::to_string(t) + " is " + std::to_string(positions[t]) +
                 ", outside [0, " + std::to_string(max_position) + ")");
-  if (dtype == DType::kBFloat16)
-    rotary_impl(static_cast<bf16_t*>(x), x_stride, num_tokens, num_heads, head_dim,
-                static_cast<const bf16_t*>(cos), static_cast<const bf16_t*>(sin), positions,
-                num_threads);
-  else
-    rotary_impl(static_cast<fp16_t*>(x), x_stride, num_tokens, num_heads, head_dim,
-                static_cast<const fp16_t*>(cos), static_cast<const fp16_t*>(sin), positions,
-                num_threads);
+  dispatch(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    rotary_impl(static_cast<T*>(x), x_stride, num_tokens, num_heads, head_dim,
+                static_cast<const T*>(cos), static_cast<const T*>(sin), positions, num_threads);
+  });
 }
 
 void silu_mul(void* out, const void* gate_up, DType dtype, int32_t num_rows, int32_t inter,
               int32_t num_threads) {
-  check_half_dtype(dtype);
+  check_dtype(dtype);
   require(num_rows >= 0, "num_rows: must be >= 0, got " + std::to_string(num_rows));
   require(inter > 0, "inter: must be positive, got " + std::to_string(inter));
   require(out != nullptr && gate_up != nullptr, "out/gate_up: null pointer");
-  if (dtype == DType::kBFloat16)
-    silu_mul_impl(static_cast<bf16_t*>(out), static_cast<const bf16_t*>(gate_up), num_rows, inter,
-                  num_threads);
-  else
-    silu_mul_impl(static_cast<fp16_t*>(out), static_cast<const fp16_t*>(gate_up), num_rows, inter,
-                  num_threads);
+  dispatch(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    silu_mul_impl(static_cast<T*>(out), static_cast<const T*>(gate_up), num_rows, inter, num_threads);
+  });
 }
 
 }  // namespace pyengine::kernels
