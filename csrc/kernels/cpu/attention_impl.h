@@ -89,6 +89,8 @@ static inline void load_row_scaled(const void* base, DType dt, int64_t elem_off,
     case DType::kFloat16:
       row_to_f32_scaled(static_cast<const fp16_t*>(base) + elem_off, dst, n, s);
       break;
+    case DType::kFloat8E4M3:  // CUDA-only; the entry points reject it before this
+      break;
   }
 }
 
@@ -109,6 +111,8 @@ static inline void store_row_scaled(void* base, DType dt, int64_t elem_off,
       break;
     case DType::kFloat16:
       row_from_f32_scaled(src, static_cast<fp16_t*>(base) + elem_off, n, s);
+      break;
+    case DType::kFloat8E4M3:  // CUDA-only; the entry points reject it before this
       break;
   }
 }
@@ -638,6 +642,8 @@ void PYENGINE_ATTN_ENTRY(const AttnParams& p) {
       return run_all<bf16_t>(p);
     case DType::kFloat16:
       return run_all<fp16_t>(p);
+    case DType::kFloat8E4M3:  // CUDA-only; the entry points reject it before this
+      break;
   }
 }
 

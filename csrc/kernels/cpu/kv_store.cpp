@@ -96,7 +96,8 @@ void store_dispatch_dst(DType cache_dtype, const void* key, const void* value,
     case DType::kFloat16:
       return store_typed<Src, fp16_t>(key, value, key_row_stride, value_row_stride, k_cache,
                                       v_cache, slot_mapping, num_tokens, num_kv_heads, head_dim,
-                                      tokens_per_block);
+                                      tokens_per_block);    case DType::kFloat8E4M3:  // CUDA-only; the entry points reject it before this
+      break;
   }
 }
 
@@ -137,6 +138,8 @@ void store_kv(const void* key, const void* value, int64_t key_row_stride, int64_
       return store_dispatch_dst<fp16_t>(cache_dtype, key, value, key_row_stride,
                                         value_row_stride, k_cache, v_cache, slot_mapping,
                                         num_tokens, num_kv_heads, head_dim, tokens_per_block);
+    case DType::kFloat8E4M3:  // CUDA-only; the entry points reject it before this
+      break;
   }
 }
 
