@@ -102,7 +102,7 @@ def test_graphs_and_overlap_change_no_output(setup, gpu_models):
 def test_kv_capacity_comes_from_cuda_memory_figures(gpu_models):
     model_dir = gpu_models("llama_gqa")
     budget = 64 * 2**20
-    engine = gpu_engine(model_dir, kv=KvCacheConfig(max_memory_bytes=budget), max_seq_len=4096, max_batch_size=64)
+    engine = gpu_engine(model_dir, kv=KvCacheConfig(max_memory_bytes=budget), max_seq_len=1024, max_batch_size=64)
     cap = engine.startup_report()["kv_capacity"]
     free, total = torch.cuda.mem_get_info()
     assert cap["source"] == "estimated"
