@@ -4,6 +4,8 @@
 #   bash bench/gpu_check.sh prepare   # here, with network: the wheels the GPU machine lacks -> .whl/
 #   bash bench/gpu_check.sh run       # on the GPU machine (no network): build, test, benchmark
 #
+# With this workplace's device tool: run(command="bash bench/gpu_check.sh run", carry=[".whl"],
+# timeout_s=540); the logs come back from $OUT.
 # `run` builds pyengine with its CUDA kernels for this GPU (sm_90a unless
 # PYENGINE_CUDA_ARCHITECTURES says otherwise), then runs, each under its own time limit:
 #   1. tests/test_cuda_build.py and tests/gpu/ (kernel tests against PyTorch, end-to-end
