@@ -91,15 +91,17 @@ def test_errors_name_the_argument():
 
 
 PROMPTS = [list(range(3, 40)), [5, 9, 44, 71, 100, 3, 8], [300, 12, 17] * 9, list(range(100, 160))]
+SHORT_PROMPTS = [[7, 8, 9], [5, 9, 44, 71, 100, 3, 8], [300, 12], [42] * 5]
 
 
-def decode_logits(model_dir, cpp: bool, monkeypatch) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Greedy outputs and every decode step's logits, with the C++ all-layers path or the
-    Python forward (fused elementwise kernels)."""
+def decode_logits(model_dir, cpp: bool, monkeypatch, prompts=PROMPTS,
+                  max_num_tokens: int = 256) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Greedy outputs and the logits of every forward of at most 15 rows, with the C++
+    all-layers path or the Python forward (fused elementwise kernels)."""
     monkeypatch.setenv("PYENGINE_BF16_MATMUL", "fp32")  # as on a CPU without bf16 instructions
     engine = Engine(model_dir, dtype="bfloat16", max_seq_len=256, seed=0,
-                    kv_cache_config=KvCacheConfig(max_tokens=2048),
-                    scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=256))
+                    kv_cache_config=KvCacheConfig(max_tokens=2048, tokens_per_block=min(16, max_num_tokens)),
+                    scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=max_num_tokens))
     runner = engine._runner
     assert (runner.cpu_decode is not None) and runner.model.emulate_bf16
     if not cpp:
@@ -109,12 +111,12 @@ def decode_logits(model_dir, cpp: bool, monkeypatch) -> tuple[list[list[int]], l
 
     def recording(input_ids, *args):
         out = forward(input_ids, *args)
-        if input_ids.shape[0] <= 4:
+        if input_ids.shape[0] <= 15:
             logits.append(out.clone())
         return out
 
     runner.model.forward = recording
-    res = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    res = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     return [r.token_ids for r in res], logits
 
 
@@ -128,6 +130,18 @@ def test_cpp_decode_layers_equal_the_python_forward_bit_for_bit(checkpoint_facto
     assert len(logits_cpp) == len(logits_py) > 10
     for a, b in zip(logits_cpp, logits_py):
         assert torch.equal(a, b)  # the same kernels in the same order
+
+
+def test_cpp_layers_take_short_prefills_mixed_with_decode_rows(checkpoint_factory, monkeypatch):
+    # 8-token budget: prompts arrive in chunks of <= 8 rows next to decode rows, all through
+    # the C++ path (prefill attention included), bit for bit as the Python forward.
+    model_dir = checkpoint_factory("fused_llama", model_type="llama", num_heads=4, num_kv_heads=2)
+    tokens_py, logits_py = decode_logits(model_dir, False, monkeypatch, SHORT_PROMPTS, max_num_tokens=8)
+    tokens_cpp, logits_cpp = decode_logits(model_dir, True, monkeypatch, SHORT_PROMPTS, max_num_tokens=8)
+    assert tokens_cpp == tokens_py
+    assert len(logits_cpp) == len(logits_py)
+    for a, b in zip(logits_cpp, logits_py):
+        assert torch.equal(a, b)
 
 
 def test_cpp_decode_layers_with_qk_norm_stay_close(checkpoint_factory, monkeypatch):
