@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 import pyengine._core as _core
+from paged_kv import make_paged_kv, ref_attention
 from pyengine.kernels import paged_attention, store_kv
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -19,70 +19,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-
-
-def make_batch(specs, num_kv_heads, head_dim, tokens_per_block, cache_dtype, gen, window=0,
-               free_out_of_window=False, extra_blocks=7):
-    """Builds a paged cache holding every sequence's KV in shuffled, non-contiguous blocks.
-
-    specs: list of (seq_len, q_len). Unused cache slots and table entries are poisoned (NaN,
-    -1) so any stray read shows up. Returns the cache, index tensors and the per-sequence KV
-    (already rounded to the cache dtype) for the reference.
-    """
-    nblocks = [math.ceil(L / tokens_per_block) for L, _ in specs]
-    num_blocks = sum(nblocks) + extra_blocks
-    perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
-    max_blocks = max(nblocks) + 2
-    block_tables = torch.full((len(specs), max_blocks), -1, dtype=torch.int32)
-    shape = (num_blocks, num_kv_heads, tokens_per_block, head_dim)
-    k_cache = torch.full(shape, float("nan"), dtype=cache_dtype)
-    v_cache = torch.full(shape, float("nan"), dtype=cache_dtype)
-    kvs = []
-    used = 0
-    for i, (L, q_len) in enumerate(specs):
-        ids = perm[used:used + nblocks[i]]
-        used += nblocks[i]
-        block_tables[i, :nblocks[i]] = ids
-        k = torch.randn(L, num_kv_heads, head_dim, generator=gen).to(cache_dtype)
-        v = torch.randn(L, num_kv_heads, head_dim, generator=gen).to(cache_dtype)
-        pos = torch.arange(L)
-        bid = ids.long()[pos // tokens_per_block]
-        off = pos % tokens_per_block
-        k_cache[bid, :, off, :] = k
-        v_cache[bid, :, off, :] = v
-        kvs.append((k, v))
-        if window > 0 and free_out_of_window and q_len > 0:
-            # blocks no query row of this step can see may already be freed
-            first_visible = max(0, L - q_len - window + 1)
-            block_tables[i, :first_visible // tokens_per_block] = -1
-    seq_lens = torch.tensor([L for L, _ in specs], dtype=torch.int32)
-    qsl = torch.zeros(len(specs) + 1, dtype=torch.int32)
-    qsl[1:] = torch.cumsum(torch.tensor([q for _, q in specs]), 0)
-    return k_cache, v_cache, qsl, seq_lens, block_tables, kvs
-
-
-def ref_attention(query, kvs, specs, scale, window):
-    """Naive causal (optionally sliding-window) GQA attention in fp64."""
-    num_tokens, num_heads, head_dim = query.shape
-    out = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float64)
-    start = 0
-    for (L, q_len), (k, v) in zip(specs, kvs):
-        if q_len == 0:
-            continue
-        group = num_heads // k.shape[1]
-        q = query[start:start + q_len].double()
-        kk = k.double().repeat_interleave(group, dim=1)  # [L, H, D]
-        vv = v.double().repeat_interleave(group, dim=1)
-        s = torch.einsum("qhd,khd->hqk", q, kk) * scale
-        qpos = torch.arange(L - q_len, L)[:, None]
-        kpos = torch.arange(L)[None, :]
-        mask = kpos <= qpos
-        if window > 0:
-            mask &= kpos > qpos - window
-        s = s.masked_fill(~mask, float("-inf"))
-        out[start:start + q_len] = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vv)
-        start += q_len
-    return out
 
 
 def tolerance(q_dtype, cache_dtype):
@@ -118,7 +54,7 @@ def random_specs(gen, n, max_len=1000):
 def run_case(specs, num_heads, num_kv_heads, head_dim, tokens_per_block, cache_dtype, q_dtype,
              window, seed, free_out_of_window=False, query_row_view=False):
     gen = torch.Generator().manual_seed(seed)
-    k_cache, v_cache, qsl, seq_lens, bt, kvs = make_batch(
+    k_cache, v_cache, qsl, seq_lens, bt, kvs = make_paged_kv(
         specs, num_kv_heads, head_dim, tokens_per_block, cache_dtype, gen, window,
         free_out_of_window)
     num_tokens = sum(q for _, q in specs)
@@ -217,7 +153,7 @@ def test_thread_counts_agree():
 def test_out_argument_and_row_stride():
     gen = torch.Generator().manual_seed(10)
     specs = [(50, 1), (40, 10)]
-    k_cache, v_cache, qsl, seq_lens, bt, kvs = make_batch(specs, 2, 64, 16, torch.float32, gen)
+    k_cache, v_cache, qsl, seq_lens, bt, kvs = make_paged_kv(specs, 2, 64, 16, torch.float32, gen)
     query = torch.randn(11, 4, 64, generator=gen)
     big = torch.zeros(11, 6, 64)
     out = big[:, 1:5]  # strided row view
@@ -320,7 +256,7 @@ def test_store_then_attend_roundtrip():
     gen = torch.Generator().manual_seed(22)
     H, Hkv, D, T = 4, 2, 64, 16
     specs = [(33, 33), (17, 17)]
-    k_cache, v_cache, qsl, seq_lens, bt, kvs = make_batch(specs, Hkv, D, T, torch.bfloat16, gen)
+    k_cache, v_cache, qsl, seq_lens, bt, kvs = make_paged_kv(specs, Hkv, D, T, torch.bfloat16, gen)
     # one decode step for each sequence: write the new row through store_kv
     new_k = torch.randn(2, Hkv, D, generator=gen)
     new_v = torch.randn(2, Hkv, D, generator=gen)
@@ -346,7 +282,7 @@ def test_store_then_attend_roundtrip():
 def _attn_args():
     gen = torch.Generator().manual_seed(30)
     specs = [(20, 1), (10, 4)]
-    k_cache, v_cache, qsl, seq_lens, bt, _ = make_batch(specs, 2, 32, 8, torch.float32, gen)
+    k_cache, v_cache, qsl, seq_lens, bt, _ = make_paged_kv(specs, 2, 32, 8, torch.float32, gen)
     query = torch.randn(5, 4, 32, generator=gen)
     return dict(query=query, k_cache=k_cache, v_cache=v_cache, query_start_loc=qsl,
                 seq_lens=seq_lens, block_tables=bt, scale=0.2)

@@ -8,12 +8,11 @@ dequantized).
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 import pyengine._core as _core
+from paged_kv import FP8, make_paged_kv, raw, ref_attention
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -26,86 +25,27 @@ if torch.cuda.is_available() and _core._cuda_kernels_built():
     from pyengine import cuda_kernels as ck
 
 DEV = "cuda"
-FP8 = torch.float8_e4m3fn
 TOL = {torch.float32: 2e-4, torch.bfloat16: 2.5e-2, torch.float16: 4e-3}
-
-
-def raw(t):
-    """An fp8 tensor as uint8 (indexing writes on float8 tensors are not supported everywhere)."""
-    return t.view(torch.uint8) if t.dtype == FP8 else t
 
 
 def make_batch(specs, num_heads, num_kv_heads, head_dim, tokens_per_block, dtype, cache_dtype,
                gen, window=0, k_scale=1.0, v_scale=1.0):
-    """specs: list of (seq_len, q_len). Returns (inputs dict, per-sequence (k, v) fp32 as
-    stored, query)."""
-    nblocks = [max(1, math.ceil(L / tokens_per_block)) for L, _ in specs]
-    num_blocks = sum(nblocks) + 3
-    perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
-    max_blocks = max(nblocks) + 1
-    block_tables = torch.full((len(specs), max_blocks), -1, dtype=torch.int32)
-    shape = (num_blocks, num_kv_heads, tokens_per_block, head_dim)
-    k_cache = torch.full(shape, float("nan"), dtype=torch.float32, device=DEV).to(cache_dtype)
-    v_cache = torch.full(shape, float("nan"), dtype=torch.float32, device=DEV).to(cache_dtype)
-    kvs = []
-    used = 0
-    for i, (L, q_len) in enumerate(specs):
-        ids = perm[used:used + nblocks[i]]
-        used += nblocks[i]
-        block_tables[i, :nblocks[i]] = ids
-        k = torch.randn(L, num_kv_heads, head_dim, generator=gen).to(DEV)
-        v = torch.randn(L, num_kv_heads, head_dim, generator=gen).to(DEV)
-        if cache_dtype == FP8:
-            ks, vs = (k / k_scale).to(FP8), (v / v_scale).to(FP8)
-            k_ref, v_ref = ks.float() * k_scale, vs.float() * v_scale
-        else:
-            ks, vs = k.to(cache_dtype), v.to(cache_dtype)
-            k_ref, v_ref = ks.float(), vs.float()
-        pos = torch.arange(L, device=DEV)
-        bid = ids.to(DEV).long()[pos // tokens_per_block]
-        off = pos % tokens_per_block
-        raw(k_cache)[bid, :, off, :] = raw(ks)
-        raw(v_cache)[bid, :, off, :] = raw(vs)
-        kvs.append((k_ref, v_ref))
-        if window > 0 and q_len > 0:
-            # blocks no query row of this step can see may already be freed
-            first_visible = max(0, L - q_len - window + 1)
-            block_tables[i, :first_visible // tokens_per_block] = -1
-    q_lens = [q for _, q in specs]
-    num_tokens = sum(q_lens)
+    """specs: list of (seq_len, q_len). Returns (the kernel's inputs as a dict, per-sequence
+    (k, v) as stored)."""
+    k_cache, v_cache, qsl, seq_lens, block_tables, kvs = make_paged_kv(
+        specs, num_kv_heads, head_dim, tokens_per_block, cache_dtype, gen, window,
+        free_out_of_window=True, device=DEV, k_scale=k_scale, v_scale=v_scale)
+    num_tokens = sum(q for _, q in specs)
     query = torch.randn(num_tokens, num_heads, head_dim, generator=gen).to(DEV).to(dtype)
-    qsl = torch.zeros(len(specs) + 1, dtype=torch.int32)
-    qsl[1:] = torch.cumsum(torch.tensor(q_lens), 0)
-    inputs = dict(
-        query=query, k_cache=k_cache, v_cache=v_cache, query_start_loc=qsl.to(DEV),
-        seq_lens=torch.tensor([L for L, _ in specs], dtype=torch.int32, device=DEV),
-        block_tables=block_tables.to(DEV),
-    )
+    inputs = dict(query=query, k_cache=k_cache, v_cache=v_cache, query_start_loc=qsl,
+                  seq_lens=seq_lens, block_tables=block_tables)
     return inputs, kvs
 
 
 def reference(query, kvs, specs, scale, window):
-    num_heads = query.shape[1]
+    """fp64 for fp32 activations, fp32 otherwise (long contexts), returned in fp32."""
     acc = torch.float64 if query.dtype == torch.float32 else torch.float32
-    outs = []
-    start = 0
-    for (L, q_len), (k, v) in zip(specs, kvs):
-        q = query[start:start + q_len].to(acc)
-        start += q_len
-        if q_len == 0:
-            continue
-        group = num_heads // k.shape[1]
-        kk = k.to(acc).repeat_interleave(group, dim=1)
-        vv = v.to(acc).repeat_interleave(group, dim=1)
-        s = torch.einsum("qhd,khd->hqk", q, kk) * scale
-        pos = (L - q_len + torch.arange(q_len, device=DEV))[:, None]
-        kp = torch.arange(L, device=DEV)[None, :]
-        mask = kp <= pos
-        if window > 0:
-            mask &= kp >= pos - window + 1
-        s = s.masked_fill(~mask, float("-inf"))
-        outs.append(torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv))
-    return torch.cat(outs).float()
+    return ref_attention(query, kvs, specs, scale, window, acc).float()
 
 
 def run_case(specs, num_heads, num_kv_heads, head_dim, tokens_per_block, dtype,
