@@ -52,20 +52,26 @@ class KvCapacity:
         return asdict(self) | {"pool_bytes": self.num_blocks * self.bytes_per_block}
 
 
+def _proc_bytes(path: str, *fields: str) -> list[int]:
+    """The `field: N kB` lines of a /proc file, in bytes, read in one pass."""
+    found: dict[str, int] = {}
+    with open(path) as f:
+        for line in f:
+            name = line.split(":", 1)[0]
+            if name in fields:
+                found[name] = int(line.split()[1]) * 1024
+    missing = [x for x in fields if x not in found]
+    if missing:
+        raise OSError(f"{missing[0]} not in {path}")
+    return [found[x] for x in fields]
+
+
 def _meminfo(field: str) -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"{field} not in /proc/meminfo")
+    return _proc_bytes("/proc/meminfo", field)[0]
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"{field} not in /proc/self/status")
+def _status(*fields: str) -> list[int]:
+    return _proc_bytes("/proc/self/status", *fields)
 
 
 @dataclass
@@ -86,9 +92,9 @@ class CpuMemoryProbe:
                 f.write("5")
         except OSError:
             pass
-        before = _status("VmRSS")
+        (before,) = _status("VmRSS")
         run()
-        after, hwm = _status("VmRSS"), _status("VmHWM")
+        after, hwm = _status("VmRSS", "VmHWM")
         peak = max(0, hwm - after)  # what the batch needed beyond what stays resident
         return MemoryReading(available_bytes=max(0, _meminfo("MemAvailable") - peak), peak_bytes=peak,
                              rss_before=before, rss_peak=hwm, rss_after=after)
