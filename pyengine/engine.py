@@ -397,15 +397,12 @@ class Engine:
         already produced (the previous step's, with overlap) come with the next step that
         succeeds."""
         self._check_open()
-        with self._on_stream():
+        # on a GPU, everything a step does on the device (sampler state, sampling, token
+        # copies) goes on the execution stream, ordered after the forward
+        with self._runner.stream_context():
             return self._step_overlap() if self._pool is not None else self._step_plain()
 
-    def _on_stream(self) -> contextlib.AbstractContextManager:
-        """On a GPU, makes the execution stream current, so that everything a step does on the
-        device (sampler state, sampling, token copies) is ordered after the forward."""
-        if self.device.type == "cuda":
-            return torch.cuda.stream(self._runner.stream)
-        return contextlib.nullcontext()
+
 
     def _step_plain(self) -> list[RequestOutput]:
         t0 = time.perf_counter()

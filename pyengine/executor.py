@@ -14,6 +14,7 @@ scratch row past the last slot, store no KV (slot -1) and attend to one cached p
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import weakref
 from dataclasses import dataclass
@@ -96,9 +97,11 @@ class ModelRunner:
     def _init_cuda(self, c) -> None:
         from pyengine import cuda_kernels
         self.stream = torch.cuda.Stream(self.device)
-        for view in self.host.values():  # page-lock the C++ buffers in place
+        # The buffers the forward reads (request ids stay on the host), page-locked in place.
+        uploaded = {name: view for name, view in self.host.items() if name != "request_ids"}
+        for view in uploaded.values():
             self._register(view)
-        self.dev = {name: torch.zeros_like(view, device=self.device) for name, view in self.host.items()}
+        self.dev = {name: torch.zeros_like(view, device=self.device) for name, view in uploaded.items()}
         # Split-K scratch of decode attention: decode batches have at most max_batch_size rows
         # (prefill batches use the tiled kernel, which needs none).
         self.workspace = cuda_kernels.paged_attention_workspace(
@@ -163,6 +166,11 @@ class ModelRunner:
         self.seq_slots[n:size] = self.scratch_slot
         self.logits_slots[n:size] = self.scratch_slot
 
+    def stream_context(self) -> contextlib.AbstractContextManager:
+        """On a GPU, makes the execution stream current (everything a step does on the device
+        goes there, in order); nothing on the CPU."""
+        return torch.cuda.stream(self.stream) if self.is_cuda else contextlib.nullcontext()
+
     @torch.inference_mode()
     def forward(self, num_tokens: int, num_seqs: int, num_logits: int,
                 extra_rows: torch.Tensor | None = None) -> Forwarded:
@@ -173,25 +181,19 @@ class ModelRunner:
             size = self.padded_size(num_seqs)
             self._pad(num_seqs, size)
             num_tokens = num_seqs = num_logits = size
-        if self.is_cuda:
-            with torch.cuda.stream(self.stream):
-                return self._forward_cuda(num_tokens, num_seqs, num_logits, extra_rows, decode)
-        meta = AttentionMetadata(
-            slot_mapping=self.slot_mapping[:num_tokens],
-            query_start_loc=self.query_start_loc[: num_seqs + 1],
-            seq_lens=self.seq_lens[:num_seqs],
-            block_tables=self.block_tables[:num_seqs],
-            cpu_decode=self.cpu_decode,
-        )
+        # generation rows come first, one token each
         ngen = num_seqs if decode else self._bm.num_generation_seqs
-        if ngen:  # generation rows come first, one token each
-            self.input_ids[:ngen] = self.last_tokens[self.seq_slots[:ngen].long()]
-        rows = self.logits_indices[:num_logits]
-        if extra_rows is not None:
-            rows = torch.cat([rows, extra_rows])
-        logits = self.model.forward(self.input_ids[:num_tokens], self.positions[:num_tokens], meta,
-                                    self.kv_caches, rows)
-        return Forwarded(logits, num_logits, self.logits_slots[:num_logits])
+        if not self.is_cuda:
+            return self._run(self.host, num_tokens, num_seqs, num_logits, extra_rows, ngen)
+        with self.stream_context():
+            self._upload(num_tokens, num_seqs, num_logits)
+            if decode and self.graphs is not None and num_seqs in self.graphs.sizes:
+                return Forwarded(self.graphs.replay(num_seqs), num_logits, self.dev["logits_slots"][:num_logits])
+            max_query_len = 1 if decode else int(
+                (self.query_start_loc[1: num_seqs + 1] - self.query_start_loc[:num_seqs]).max())
+            max_context_len = int(self.seq_lens[:num_seqs].max())
+            return self._run(self.dev, num_tokens, num_seqs, num_logits, extra_rows, ngen, max_query_len,
+                             max_context_len)
 
     def _upload(self, num_tokens: int, num_seqs: int, num_logits: int) -> None:
         """Copies the used part of this step's metadata to the device (non-blocking: the host
@@ -202,47 +204,31 @@ class ModelRunner:
                         ("block_tables", num_seqs), ("logits_indices", num_logits), ("logits_slots", num_logits)):
             d[name][:n].copy_(h[name][:n], non_blocking=True)
 
-    def _forward_cuda(self, num_tokens: int, num_seqs: int, num_logits: int,
-                      extra_rows: torch.Tensor | None, decode: bool) -> Forwarded:
-        self._upload(num_tokens, num_seqs, num_logits)
-        d = self.dev
-        slots = d["logits_slots"][:num_logits]
-        if decode and self.graphs is not None and num_seqs in self.graphs.sizes:
-            return Forwarded(self.graphs.replay(num_seqs), num_logits, slots)
-        if decode:
-            max_query_len, ngen = 1, num_seqs
-        else:
-            max_query_len = int((self.query_start_loc[1: num_seqs + 1] - self.query_start_loc[:num_seqs]).max())
-            ngen = self._bm.num_generation_seqs
-        max_context_len = int(self.seq_lens[:num_seqs].max())
+    def _run(self, bufs: dict[str, torch.Tensor], num_tokens: int, num_seqs: int, num_logits: int,
+             extra_rows: torch.Tensor | None, ngen: int, max_query_len: int | None = None,
+             max_context_len: int | None = None) -> Forwarded:
+        """The model on a batch whose metadata is in `bufs` (the host views on the CPU, the
+        device buffers on a GPU); generation rows take their input from the token buffer."""
         if ngen:
-            d["input_ids"][:ngen] = self.last_tokens[d["seq_slots"][:ngen].long()]
-        rows = d["logits_indices"][:num_logits]
+            bufs["input_ids"][:ngen] = self.last_tokens[bufs["seq_slots"][:ngen].long()]
+        rows = bufs["logits_indices"][:num_logits]
         if extra_rows is not None:
-            rows = torch.cat([rows, extra_rows.to(self.device, non_blocking=True)])
-        meta = self.device_metadata(num_tokens, num_seqs, max_query_len, max_context_len)
-        logits = self.model.forward(d["input_ids"][:num_tokens], d["positions"][:num_tokens], meta,
+            rows = torch.cat([rows, extra_rows.to(self.device)])
+        meta = AttentionMetadata(
+            slot_mapping=bufs["slot_mapping"][:num_tokens], query_start_loc=bufs["query_start_loc"][: num_seqs + 1],
+            seq_lens=bufs["seq_lens"][:num_seqs], block_tables=bufs["block_tables"][:num_seqs],
+            max_query_len=max_query_len, max_context_len=max_context_len,
+            workspace=self.workspace if self.is_cuda else None, k_scale=self.k_scale, v_scale=self.v_scale,
+            cpu_decode=self.cpu_decode)
+        logits = self.model.forward(bufs["input_ids"][:num_tokens], bufs["positions"][:num_tokens], meta,
                                     self.kv_caches, rows)
-        return Forwarded(logits, num_logits, slots)
+        return Forwarded(logits, num_logits, bufs["logits_slots"][:num_logits])
 
     def decode_forward(self, size: int) -> torch.Tensor:
         """The forward of a decode batch of `size` rows, entirely from the device buffers (the
-        body a CUDA graph captures): input tokens gathered from the token buffer, one query
-        per row, the split-K grid sized for max_seq_len so one capture serves every length."""
-        d = self.dev
-        input_ids = self.last_tokens[d["seq_slots"][:size].long()]
-        meta = self.device_metadata(size, size, 1, self.max_seq_len)
-        return self.model.forward(input_ids, d["positions"][:size], meta, self.kv_caches,
-                                  d["logits_indices"][:size])
-
-    def device_metadata(self, num_tokens: int, num_seqs: int, max_query_len: int,
-                        max_context_len: int) -> AttentionMetadata:
-        d = self.dev
-        return AttentionMetadata(
-            slot_mapping=d["slot_mapping"][:num_tokens], query_start_loc=d["query_start_loc"][: num_seqs + 1],
-            seq_lens=d["seq_lens"][:num_seqs], block_tables=d["block_tables"][:num_seqs],
-            max_query_len=max_query_len, max_context_len=max_context_len, workspace=self.workspace,
-            k_scale=self.k_scale, v_scale=self.v_scale)
+        body a CUDA graph captures): one query per row, the split-K grid sized for max_seq_len
+        so that one capture serves every length."""
+        return self._run(self.dev, size, size, size, None, size, 1, self.max_seq_len).logits
 
     # ---- after sampling ---------------------------------------------------------------------
 
@@ -251,7 +237,7 @@ class ModelRunner:
         buffer and the event that says it has landed (wait for it before reading)."""
         if not self.is_cuda:
             return tokens, None
-        with torch.cuda.stream(self.stream):
+        with self.stream_context():
             buf = self._host_tokens[self._host_turn][: tokens.shape[0]]
             self._host_turn ^= 1
             buf.copy_(tokens, non_blocking=True)
@@ -261,8 +247,5 @@ class ModelRunner:
 
     def record_tokens(self, forwarded: Forwarded, tokens: torch.Tensor) -> None:
         """Commits a step's sampled tokens to the token buffer (padding rows: the scratch row)."""
-        if self.is_cuda:
-            with torch.cuda.stream(self.stream):
-                self.last_tokens[forwarded.slots.long()] = tokens
-            return
-        self.last_tokens[forwarded.slots.long()] = tokens
+        with self.stream_context():
+            self.last_tokens[forwarded.slots.long()] = tokens
