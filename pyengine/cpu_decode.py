@@ -13,7 +13,7 @@ import torch
 
 import pyengine._core as _core
 from pyengine.cpu_linear import MAX_ROWS
-from pyengine.kernel_checks import DTYPE_CODES
+from pyengine.kernel_checks import dtype_code
 
 __all__ = ["CpuDecodeLayers", "MAX_ROWS"]
 
@@ -39,7 +39,7 @@ class CpuDecodeLayers:
             head_dim=c.head_dim, intermediate=c.intermediate_size, rms_norm_eps=c.rms_norm_eps,
             scale=model.scale, sliding_window=model.sliding_window, max_position=model.cos.shape[0],
             tokens_per_block=k0.shape[2], max_blocks_per_seq=max_blocks_per_seq,
-            cache_dtype=_cache_code(k0))
+            cache_dtype=dtype_code(k0, "k_cache"))
         self.scratch = torch.empty(self.shape.scratch_elements(MAX_ROWS), dtype=torch.bfloat16)
         self.cos, self.sin = model.cos, model.sin
 
@@ -50,10 +50,3 @@ class CpuDecodeLayers:
                        self.sin.data_ptr(), positions.data_ptr(), meta.slot_mapping.data_ptr(),
                        meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(), meta.block_tables.data_ptr(),
                        num_seqs, self.scratch.data_ptr(), self.scratch.numel(), torch.get_num_threads())
-
-
-def _cache_code(k_cache: torch.Tensor) -> int:
-    code = DTYPE_CODES.get(k_cache.dtype)
-    if code is None:
-        raise ValueError(f"k_cache: dtype {k_cache.dtype} is not a CPU cache dtype")
-    return code

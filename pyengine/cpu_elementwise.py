@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 
 import pyengine._core as _core
-from pyengine.kernel_checks import DTYPE_CODES
+from pyengine.kernel_checks import DTYPE_CODES, dtype_code
 
 __all__ = ["rms_norm", "add_rms_norm", "rotary_embedding_", "silu_mul", "SUPPORTED_DTYPES", "MAX_ROWS"]
 
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SUPPORTED_DTYPES = tuple(DTYPE_CODES)
 
 #: The model uses these kernels for batches of at most this many rows: their loops are plain
 #: (scalar exp), so for prefill torch's vectorized operations are faster.
@@ -40,17 +40,9 @@ def _rows_2d(t: torch.Tensor, name: str, width: int) -> int:
     return t.stride(0) if t.shape[0] > 1 else width
 
 
-def _code(x: torch.Tensor) -> int:
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"x: dtype {x.dtype} is not supported (float32, bfloat16 or float16)")
-    if not x.is_cpu:
-        raise ValueError(f"x: must be a CPU tensor, got device {x.device}")
-    return DTYPE_CODES[x.dtype]
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``weight * (x.float() * rsqrt(mean(x.float()**2) + eps)).to(x.dtype)`` for x [rows, hidden]."""
-    code = _code(x)
+    code = dtype_code(x, "x")
     hidden = weight.shape[0]
     _check(weight, "weight", x.dtype)
     stride = _rows_2d(x, "x", hidden)
@@ -62,7 +54,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``residual += x`` (in place, rounded to the dtype), then returns ``rms_norm(residual)``."""
-    code = _code(x)
+    code = dtype_code(x, "x")
     hidden = weight.shape[0]
     _check(weight, "weight", x.dtype)
     _check(residual, "residual", x.dtype)
@@ -80,7 +72,7 @@ def rotary_embedding_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos
     """In place on x [tokens, heads, head_dim] (heads contiguous in a row):
     ``x = x * cos[positions] + rotate_half(x) * sin[positions]`` with each product and the sum
     rounded to the dtype; cos/sin are contiguous [max_position, head_dim] tables."""
-    code = _code(x)
+    code = dtype_code(x, "x")
     if x.dim() != 3:
         raise ValueError(f"x: expected 3 dims [tokens, heads, head_dim], got {tuple(x.shape)}")
     tokens, heads, head_dim = x.shape
@@ -101,7 +93,7 @@ def rotary_embedding_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for gate_up = cat([gate, up], -1) [rows, 2 * inter], contiguous."""
-    code = _code(gate_up)
+    code = dtype_code(gate_up, "gate_up")
     if gate_up.dim() != 2 or gate_up.shape[1] % 2 or not gate_up.is_contiguous():
         raise ValueError(f"gate_up: expected a contiguous [rows, 2 * inter] tensor, got {tuple(gate_up.shape)}")
     rows, inter = gate_up.shape[0], gate_up.shape[1] // 2

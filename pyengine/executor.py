@@ -86,8 +86,10 @@ class ModelRunner:
         self.decode_pad_sizes: list[int] = []
         self.graphs = None  # pyengine.cuda_graphs.DecodeGraphs once captured
         self._registered: list[int] = []
-        self.cpu_decode = None  # all layers of a small bf16 batch in one C++ call, where the model can
-        if model.cpu_decode_layers and not self.is_cuda:
+        # Where the model's linears are pyengine's bf16 kernel (bf16 weights on a CPU without
+        # bf16 matmul), all layers of a small batch run in one C++ call, bound to this KV pool.
+        self.cpu_decode = None
+        if model.emulate_bf16:
             self.cpu_decode = CpuDecodeLayers(model, self.kv_caches, bm.max_blocks_per_seq)
         if self.is_cuda:
             self._init_cuda(c)

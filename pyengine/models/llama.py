@@ -135,9 +135,6 @@ class LlamaFamilyModel:
         # On the CPU, RMSNorm (+ residual add), RoPE and SiLU-mul of small batches run as one
         # C++ call each (pyengine/cpu_elementwise.py), rounding as torch's operations do.
         self.fused_elementwise = dtype in cpu_elementwise.SUPPORTED_DTYPES and weights_on_cpu(self.embed)
-        # And where the linears are pyengine's bf16 kernel, small batches run all layers in one
-        # C++ call (pyengine/cpu_decode.py), which the runner binds to its KV pool.
-        self.cpu_decode_layers = self.emulate_bf16
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         if self.emulate_bf16 and x.shape[0] >= EMULATED_BF16_MIN_ROWS:
