@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 import pyengine._core as _core
+from pyengine import cuda_kernels
 from pyengine.kernel_checks import DTYPE_CODES, attention_args, store_kv_args
 
 __all__ = ["store_kv", "paged_attention", "DTYPE_CODES"]
@@ -60,7 +61,6 @@ def store_kv(
         ValueError: on a bad dtype, device, shape or layout (the message names the argument).
     """
     if key.is_cuda:
-        from pyengine import cuda_kernels
         return cuda_kernels.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     _check_unit_scales(k_scale, v_scale)
     a = store_kv_args(key, value, k_cache, v_cache, slot_mapping)
@@ -123,7 +123,6 @@ def paged_attention(
             message names the argument).
     """
     if query.is_cuda:
-        from pyengine import cuda_kernels
         if max_query_len is None or max_context_len is None or workspace is None:
             raise ValueError("paged_attention on CUDA needs max_query_len, max_context_len and workspace")
         return cuda_kernels.paged_attention(
