@@ -1,4 +1,4 @@
-"""Micro-benchmark of the CUDA paged-attention kernels (pyengine.cuda_kernels); needs a GPU.
+"""Micro-benchmark of the CUDA paged-attention kernels (pyengine.layers._attention_cuda); needs a GPU.
 
 Decode (flash-decoding): batch 64 x context {4k, 8k, 16k}, 16 query / 8 KV heads, head_dim 128,
 bf16, tokens_per_block 16, shuffled blocks. Reports achieved bandwidth = (bytes of K+V read +
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from pyengine import cuda_kernels as ck
+from pyengine.layers import _attention_cuda as ck
 
 HEADS, KV_HEADS, HEAD_DIM, TPB = 16, 8, 128, 16
 DATASHEET_BW = 4.8e12

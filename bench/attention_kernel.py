@@ -16,7 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from pyengine.kernels import paged_attention
+from pyengine.layers.attention import paged_attention
 
 HEAD_DIM = 64
 KV_HEADS = 3

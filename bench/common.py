@@ -36,11 +36,11 @@ import torch  # noqa: E402
 
 
 def _import_checkpoints():
-    """``pyengine.checkpoints``; if the package cannot be imported (its ``__init__``
+    """``pyengine.testing.checkpoints``; if the package cannot be imported (its ``__init__``
     needs the compiled extension, which may not be built), the same file loaded on its
     own: it depends on nothing else in pyengine."""
     try:
-        import pyengine.checkpoints as mod
+        import pyengine.testing.checkpoints as mod
 
         return mod
     except ImportError:

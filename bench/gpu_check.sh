@@ -47,7 +47,7 @@ CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$PY" -m pip install -q --no-build-isolati
   -C build-dir=build/gpu -C cmake.define.PYENGINE_CUDA=ON \
   -C cmake.define.PYENGINE_CUDA_ARCHITECTURES="${PYENGINE_CUDA_ARCHITECTURES:-90a}" || exit 3
 echo "build: $(( $(date +%s) - start )) s"
-"$PY" -c "import pyengine._core as c; print('CUDA kernels built:', c._cuda_kernels_built(), c._cuda_architectures())" \
+"$PY" -c "import pyengine.core._core as c; print('CUDA kernels built:', c._cuda_kernels_built(), c._cuda_architectures())" \
   || exit 3
 
 echo "== tests"

@@ -1,4 +1,4 @@
-"""Micro-benchmark of the CPU bf16 linear kernel (pyengine.cpu_linear.linear_bf16) on the
+"""Micro-benchmark of the CPU bf16 linear kernel (pyengine.layers.linear.linear_bf16) on the
 linear layers of the W2 model (smollm-135m-shape) at M=1 (batch-1 decode).
 
 Reports the weight-read bandwidth each achieves (weight bytes / time) for: the kernel, torch
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=0, help="calls per measurement (0: 200, quick 50)")
     args = p.parse_args(argv)
     set_threads(BENCH_THREADS)
-    from pyengine.cpu_linear import isa, linear_bf16
+    from pyengine.layers.linear import isa, linear_bf16
 
     iters = args.iters or (50 if args.quick else 200)
     bandwidth = dram_read_bandwidth()

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def python_figures(steps: int = 2000) -> tuple[float, float]:
-    from pyengine._core import CoreBatchManager
+    from pyengine.core._core import CoreBatchManager
 
     bm = CoreBatchManager(max_batch_size=256, max_num_tokens=8192, max_seq_len=1024, tokens_per_block=16,
                           num_blocks=256 * 64 + 64, enable_block_reuse=True)

@@ -15,7 +15,7 @@ import argparse
 import time
 
 from pyengine import Engine, SamplingParams, SchedulerConfig
-from pyengine.checkpoints import cached_checkpoint
+from pyengine.testing.checkpoints import cached_checkpoint
 
 DEMO_MODEL = dict(model_type="llama", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                   intermediate_size=344, vocab_size=512, max_position_embeddings=512)

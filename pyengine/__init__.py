@@ -10,8 +10,9 @@
 
 from pyengine.config import KvCacheConfig, SchedulerConfig
 from pyengine.engine import Engine, StartupError
-from pyengine.outputs import RequestMetrics, RequestOutput
-from pyengine.sampling_params import SamplingParams
+from pyengine.engine.outputs import RequestMetrics, RequestOutput
+from pyengine.sampling import SamplingParams
 
-__all__ = ["Engine", "KvCacheConfig", "SchedulerConfig", "SamplingParams", "RequestOutput", "RequestMetrics", "StartupError"]
+__all__ = ["Engine", "KvCacheConfig", "SchedulerConfig", "SamplingParams", "RequestOutput", "RequestMetrics",
+           "StartupError"]
 __version__ = "0.1.0"

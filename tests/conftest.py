@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pyengine import Engine
-from pyengine.checkpoints import build_tiny_checkpoint
+from pyengine.testing.checkpoints import build_tiny_checkpoint
 
 torch.set_num_threads(2)
 

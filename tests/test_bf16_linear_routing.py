@@ -1,5 +1,5 @@
 """Which linear-layer path a bf16 model on a CPU without bf16 instructions takes: the
-pyengine kernel (pyengine.cpu_linear.linear_bf16) for fewer than EMULATED_BF16_MIN_ROWS rows,
+pyengine kernel (pyengine.layers.linear.linear_bf16) for fewer than EMULATED_BF16_MIN_ROWS rows,
 the tied lm_head included; fp32 GEMMs from there on."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 
 import pyengine.models.llama as llama
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
-from pyengine.cpu_features import EMULATED_BF16_MIN_ROWS
-from pyengine.cpu_linear import MAX_ROWS
+from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS
+from pyengine.layers.linear import MAX_ROWS
 
 
 def test_kernel_takes_every_row_count_below_the_fp32_threshold():

@@ -1,4 +1,4 @@
-"""Tests of pyengine.checkpoints: tiny real checkpoints built offline."""
+"""Tests of pyengine.testing.checkpoints: tiny real checkpoints built offline."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 try:
-    import pyengine.checkpoints as ck
+    import pyengine.testing.checkpoints as ck
 except ImportError:
     # The package's __init__ needs the compiled extension; this module does not, so test
     # the file on its own.

@@ -10,7 +10,7 @@ import torch
 
 from hf_reference import hf_greedy, hf_topk_agrees
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
-from pyengine.checkpoints import llama3_rope_scaling
+from pyengine.testing.checkpoints import llama3_rope_scaling
 
 PROMPT_LENGTHS = (1, 7, 16, 33, 64, 120, 211, 300)
 NEW_TOKENS = 32

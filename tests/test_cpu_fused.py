@@ -1,5 +1,5 @@
-"""The fused elementwise CPU kernels (pyengine.cpu_elementwise) against the torch operations
-they replace in the model, and the all-layers bf16 decode kernel (pyengine.cpu_decode) against
+"""The fused elementwise CPU kernels (pyengine.layers.elementwise) against the torch operations
+they replace in the model, and the all-layers bf16 decode kernel (pyengine.layers.fused_decode) against
 the model's Python forward."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig, cpu_elementwise as ew
+from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
+from pyengine.layers import elementwise as ew
 from pyengine.models.llama import rms_norm, rotate_half
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

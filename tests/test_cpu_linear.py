@@ -1,4 +1,4 @@
-"""Tests of the CPU bf16 linear kernel (pyengine.cpu_linear.linear_bf16) against fp64 and fp32
+"""Tests of the CPU bf16 linear kernel (pyengine.layers.linear.linear_bf16) against fp64 and fp32
 PyTorch references of the same bf16 inputs, on the AVX-512 and the portable code paths."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import pyengine._core as _core
-from pyengine.cpu_features import cpu_flags
-from pyengine.cpu_linear import MAX_ROWS, isa, linear_bf16
+import pyengine.core._core as _core
+from pyengine.layers.cpu_features import cpu_flags
+from pyengine.layers.linear import MAX_ROWS, isa, linear_bf16
 
 BF16 = torch.bfloat16
 U = 2.0 ** -24  # fp32 unit roundoff

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-import pyengine._core as _core
+import pyengine.core._core as _core
 
 pytestmark = pytest.mark.skipif(
     not _core._cuda_kernels_built(),
@@ -155,7 +155,7 @@ def test_store_kv_empty_launches_nothing():
 def test_torch_module_rejects_cpu_tensors():
     import torch
 
-    from pyengine import cuda_kernels as ck
+    from pyengine.layers import _attention_cuda as ck
 
     assert ck.is_built() and ck.architectures() == _core._cuda_architectures()
     q = torch.zeros(2, 8, 64, dtype=torch.bfloat16)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pyengine import SamplingParams
-from pyengine.cuda_graphs import check_graph_batch_sizes, default_graph_batch_sizes
+from pyengine.runtime.cuda_graphs import check_graph_batch_sizes, default_graph_batch_sizes
 from test_overlap import drive, make_engine, mixed_params
 
 

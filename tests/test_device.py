@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import pyengine._core as _core
+import pyengine.core._core as _core
 from pyengine import Engine, KvCacheConfig, SchedulerConfig, StartupError
-from pyengine import kernels
-from pyengine.device import resolve_device
+from pyengine.layers import attention as kernels
+from pyengine.runtime.device import resolve_device
 
 
 def engine_kwargs(**kw):

@@ -1,4 +1,4 @@
-"""Tests of the CPU attention kernels (pyengine.kernels) against naive PyTorch references."""
+"""Tests of the CPU attention kernels (pyengine.layers.attention) against naive PyTorch references."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-import pyengine._core as _core
+import pyengine.core._core as _core
 from paged_kv import make_paged_kv, ref_attention
-from pyengine.kernels import paged_attention, store_kv
+from pyengine.layers.attention import paged_attention, store_kv
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

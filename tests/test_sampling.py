@@ -9,7 +9,7 @@ from transformers.generation import logits_process as hf
 
 from hf_reference import hf_model
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
-from pyengine.sampler import (Sampler, apply_min_p, apply_presence_frequency, apply_repetition_penalty,
+from pyengine.sampling.sampler import (Sampler, apply_min_p, apply_presence_frequency, apply_repetition_penalty,
                               apply_top_k, apply_top_p, counter_uniform, sample_inverse_cdf)
 
 

@@ -11,10 +11,10 @@ import weakref
 import pytest
 import torch
 
-import pyengine.engine as engine_module
+import pyengine.engine.engine as engine_module
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig, StartupError
-from pyengine.executor import LIVE_KV_POOLS
-from pyengine.kv_capacity import CpuMemoryProbe
+from pyengine.runtime.model_runner import LIVE_KV_POOLS
+from pyengine.runtime.kv_capacity import CpuMemoryProbe
 
 PHASES = ["config", "weights", "kv_capacity", "scheduler", "executor"]
 
@@ -133,7 +133,7 @@ def test_capacity_follows_the_formula(llama_dir, kv_dtype, monkeypatch):
         assert engine._runner.kv_pool.numel() * engine._runner.kv_pool.element_size() == r["num_blocks"] * bpb
         return r
 
-    from pyengine.kv_capacity import _meminfo
+    from pyengine.runtime.kv_capacity import _meminfo
     fraction = 60 * bpb / _meminfo("MemAvailable")  # about 60 blocks: the fraction binds
     r = check(small(llama_dir, dtype=kv_dtype, free_memory_fraction=fraction))
     assert 40 < r["num_blocks"] < seat_cap

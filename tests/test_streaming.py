@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
-from pyengine.detokenizer import IncrementalDetokenizer
-from pyengine.request_state import find_stop_string, partial_stop_suffix
+from pyengine.engine.detokenizer import IncrementalDetokenizer
+from pyengine.engine.outputs import find_stop_string, partial_stop_suffix
 
 PROMPT = [5, 9, 44, 71, 100, 3, 8]
 MULTIBYTE = "Grüße, 你好世界! 🙂🚀 naïve café"

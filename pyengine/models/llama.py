@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pyengine import cpu_decode, cpu_elementwise, kernels
-from pyengine.cpu_features import EMULATED_BF16_MIN_ROWS, native_bf16_matmul
-from pyengine.cpu_linear import linear_bf16
+from pyengine.layers import attention as kernels
+from pyengine.layers import elementwise as cpu_elementwise
+from pyengine.layers import fused_decode as cpu_decode
+from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS, native_bf16_matmul
+from pyengine.layers.linear import linear_bf16
 from pyengine.models.config import ModelConfig
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import pyengine._core as _core
+import pyengine.core._core as _core
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ helpers (hf_reference, ...)
 

@@ -1,4 +1,4 @@
-"""The CUDA kernels (pyengine.cuda_kernels) against PyTorch references; needs a GPU.
+"""The CUDA kernels (pyengine.layers._attention_cuda) against PyTorch references; needs a GPU.
 
 Every case builds a paged cache in shuffled blocks whose unused slots hold NaN (fp8: the e4m3
 NaN), so a stray read of a slot outside a sequence shows up as NaN. The reference is attention
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import pyengine._core as _core
+import pyengine.core._core as _core
 from paged_kv import FP8, make_paged_kv, raw, ref_attention
 
 pytestmark = [
@@ -22,7 +22,7 @@ pytestmark = [
 ]
 
 if torch.cuda.is_available() and _core._cuda_kernels_built():
-    from pyengine import cuda_kernels as ck
+    from pyengine.layers import _attention_cuda as ck
 
 DEV = "cuda"
 TOL = {torch.float32: 2e-4, torch.bfloat16: 2.5e-2, torch.float16: 4e-3}

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pyengine._core import CoreBatchManager
-from pyengine.cpu_decode import CpuDecodeLayers
+from pyengine.core._core import CoreBatchManager
+from pyengine.layers.fused_decode import CpuDecodeLayers
 from pyengine.models import AttentionMetadata, LlamaFamilyModel
 
 logger = logging.getLogger("pyengine")
@@ -84,7 +84,7 @@ class ModelRunner:
         # Decode batches of n rows are padded to the smallest of these sizes >= n (the CUDA
         # graphs' sizes; on the CPU only for tests of the padding itself).
         self.decode_pad_sizes: list[int] = []
-        self.graphs = None  # pyengine.cuda_graphs.DecodeGraphs once captured
+        self.graphs = None  # pyengine.runtime.cuda_graphs.DecodeGraphs once captured
         self._registered: list[int] = []
         # Where the model's linears are pyengine's bf16 kernel (bf16 weights on a CPU without
         # bf16 matmul), all layers of a small batch run in one C++ call, bound to this KV pool.
@@ -97,7 +97,7 @@ class ModelRunner:
     # ---- CUDA set-up -----------------------------------------------------------------------
 
     def _init_cuda(self, c) -> None:
-        from pyengine import cuda_kernels
+        from pyengine.layers import _attention_cuda as cuda_kernels
         self.stream = torch.cuda.Stream(self.device)
         # The buffers the forward reads (request ids stay on the host), page-locked in place.
         uploaded = {name: view for name, view in self.host.items() if name != "request_ids"}

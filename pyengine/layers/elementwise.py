@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-import pyengine._core as _core
-from pyengine.kernel_checks import DTYPE_CODES, dtype_code
+import pyengine.core._core as _core
+from pyengine.layers._kernel_checks import DTYPE_CODES, dtype_code
 
 __all__ = ["rms_norm", "add_rms_norm", "rotary_embedding_", "silu_mul", "SUPPORTED_DTYPES", "MAX_ROWS"]
 

@@ -1,6 +1,6 @@
 """Torch-facing CUDA attention kernels: the paged KV store and paged attention on a GPU.
 
-Same layouts and meanings as :mod:`pyengine.kernels` (the CPU kernels); here every tensor lives
+Same layouts and meanings as :mod:`pyengine.layers.attention` (the CPU kernels); here every tensor lives
 on one CUDA device and each call launches on that device's current torch stream. The checks are
 metadata reads only (dtype, device, shape, strides) -- nothing reads a tensor's contents or
 synchronizes, so the calls can be captured in a CUDA graph. The C++ side validates the
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-import pyengine._core as _core
-from pyengine.kernel_checks import DTYPE_CODES, attention_args, check_device, store_kv_args
+import pyengine.core._core as _core
+from pyengine.layers._kernel_checks import DTYPE_CODES, attention_args, check_device, store_kv_args
 
 __all__ = [
     "is_built",
@@ -128,7 +128,7 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of each sequence's query rows over its paged KV cache, on the GPU.
 
-    Same arguments and semantics as :func:`pyengine.kernels.paged_attention`, plus:
+    Same arguments and semantics as :func:`pyengine.layers.attention.paged_attention`, plus:
 
     Args:
         max_query_len: the longest query of the batch (host value); 1 runs the flash-decoding

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pyengine.sampling_params import SamplingParams
+from pyengine.sampling.params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pyengine import cuda_kernels
+from pyengine.layers import _attention_cuda as cuda_kernels
 
 SUPPORTED_DEVICE_TYPES = ("cpu", "cuda")
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-import pyengine._core as _core
-from pyengine.cpu_linear import MAX_ROWS
-from pyengine.kernel_checks import dtype_code
+import pyengine.core._core as _core
+from pyengine.layers.linear import MAX_ROWS
+from pyengine.layers._kernel_checks import dtype_code
 
 __all__ = ["CpuDecodeLayers", "MAX_ROWS"]
 

@@ -1,13 +1,13 @@
 """Torch-facing attention kernels: the paged KV store and paged attention.
 
 The functions here take CPU tensors and run the C++ CPU kernels; given CUDA tensors they hand
-over to :mod:`pyengine.cuda_kernels` (the same arguments, plus the few a GPU launch needs), so the
+over to :mod:`pyengine.layers._attention_cuda` (the same arguments, plus the few a GPU launch needs), so the
 model code calls one function whatever its device.
 
 Both functions run once per layer per step, so the checks here are kept to cheap metadata
 reads (dtype, shape, strides); the C++ kernels validate the index tensors' contents
 (``query_start_loc``, ``seq_lens``, ``block_tables``) and raise ``ValueError`` naming the
-argument. Data pointers are handed to the C++ core (``pyengine._core``) without copies, and the
+argument. Data pointers are handed to the C++ core (``pyengine.core._core``) without copies, and the
 kernels run without the GIL.
 
 Layouts (see ``csrc/include/pyengine/kernels.h``):
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
-import pyengine._core as _core
-from pyengine import cuda_kernels
-from pyengine.kernel_checks import DTYPE_CODES, attention_args, store_kv_args
+import pyengine.core._core as _core
+from pyengine.layers import _attention_cuda as cuda_kernels
+from pyengine.layers._kernel_checks import DTYPE_CODES, attention_args, store_kv_args
 
 __all__ = ["store_kv", "paged_attention", "DTYPE_CODES"]
 
@@ -111,7 +111,7 @@ def paged_attention(
         out: optional ``[num_tokens, num_heads, head_dim]`` output in query's dtype (last two
             dims contiguous); allocated when not given.
         max_query_len, max_context_len, workspace, k_scale, v_scale: CUDA only (see
-            :func:`pyengine.cuda_kernels.paged_attention`): the longest query and an upper bound
+            :func:`pyengine.layers._attention_cuda.paged_attention`): the longest query and an upper bound
             of ``seq_lens`` (host values, so a launch reads nothing back from the GPU), the
             split-K scratch, the fp8 cache's scales. Ignored on the CPU (scales must be 1).
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-import pyengine._core as _core
+import pyengine.core._core as _core
 
 __all__ = ["linear_bf16", "MAX_ROWS", "isa"]
 

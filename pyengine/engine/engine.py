@@ -17,20 +17,20 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from pyengine._core import CoreBatchManager
+from pyengine.core._core import CoreBatchManager
 from pyengine.config import KvCacheConfig, SchedulerConfig
-from pyengine.detokenizer import IncrementalDetokenizer
-from pyengine.cuda_graphs import DecodeGraphs, check_graph_batch_sizes, default_graph_batch_sizes
-from pyengine.device import resolve_device
-from pyengine.executor import Forwarded, ModelRunner
-from pyengine.kv_capacity import (SKIP_ENV, CpuMemoryProbe, CudaMemoryProbe, KvCapacity, MemoryReading,
+from pyengine.engine.detokenizer import IncrementalDetokenizer
+from pyengine.runtime.cuda_graphs import DecodeGraphs, check_graph_batch_sizes, default_graph_batch_sizes
+from pyengine.runtime.device import resolve_device
+from pyengine.runtime.model_runner import Forwarded, ModelRunner
+from pyengine.runtime.kv_capacity import (SKIP_ENV, CpuMemoryProbe, CudaMemoryProbe, KvCapacity, MemoryReading,
                                   capacity_from_reading, configured_capacity, skip_requested)
 from pyengine.models import LlamaFamilyModel, ModelConfig
 from pyengine.models.loader import load_tensors
-from pyengine.outputs import RequestMetrics, RequestOutput
-from pyengine.request_state import RequestState, metrics_from_core
-from pyengine.sampler import SampleResult, Sampler, top_logprobs
-from pyengine.sampling_params import SamplingParams
+from pyengine.engine.outputs import RequestMetrics, RequestOutput
+from pyengine.engine.outputs import RequestState, metrics_from_core
+from pyengine.sampling.sampler import SampleResult, Sampler, top_logprobs
+from pyengine.sampling.params import SamplingParams
 
 logger = logging.getLogger("pyengine")
 

@@ -1,5 +1,5 @@
-"""Argument checks shared by the torch-facing kernel modules (``pyengine.kernels`` on the CPU,
-``pyengine.cuda_kernels`` on CUDA devices).
+"""Argument checks shared by the torch-facing kernel modules (``pyengine.layers.attention`` on the CPU,
+``pyengine.layers._attention_cuda`` on CUDA devices).
 
 Only cheap metadata reads (dtype, device, shape, strides): nothing here reads tensor contents,
 so nothing synchronizes with a device. Every error is a ``ValueError`` naming the argument.

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 if TYPE_CHECKING:
-    from pyengine.executor import ModelRunner
+    from pyengine.runtime.model_runner import ModelRunner
 
 logger = logging.getLogger("pyengine")
 
