@@ -1,12 +1,23 @@
-"""User-facing configuration of the engine's KV cache and scheduler."""
+"""User-facing configuration: the engine, its KV cache and its scheduler, each validated once
+when it is made (values that depend on the model, such as max_seq_len, are checked at start-up)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
 
-CAPACITY_POLICIES = ("guaranteed_no_evict", "max_utilization", "static_batch")
-QUEUE_POLICIES = ("fcfs", "priority")
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "float8_e4m3")
+import torch
+
+from pyengine.core import CAPACITY_POLICIES as _CAPACITY_POLICIES
+from pyengine.core import QUEUE_POLICIES as _QUEUE_POLICIES
+from pyengine.dtypes import KV_CACHE_DTYPES as _KV_CACHE_DTYPES
+from pyengine.dtypes import model_dtype
+
+# The names the C++ core knows (one source: its enums, through the bindings).
+CAPACITY_POLICIES = tuple(_CAPACITY_POLICIES)
+QUEUE_POLICIES = tuple(_QUEUE_POLICIES)
+KV_CACHE_DTYPES = ("auto", *_KV_CACHE_DTYPES)
 
 
 @dataclass
@@ -92,3 +103,42 @@ class SchedulerConfig:
                              f"got {self.capacity_scheduler_policy!r}")
         if self.queue_policy not in QUEUE_POLICIES:
             raise ValueError(f"queue_policy must be one of {QUEUE_POLICIES}, got {self.queue_policy!r}")
+
+
+@dataclass
+class EngineConfig:
+    """Everything `Engine(...)` takes (see its docstring for each field)."""
+
+    model: str | Path
+    dtype: str | torch.dtype = "float32"
+    kv_cache_config: KvCacheConfig = field(default_factory=KvCacheConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    max_seq_len: int | None = None
+    seed: int | None = None
+    overlap: bool = False
+    device: str | torch.device = "cpu"
+    cuda_graphs: bool = True
+    cuda_graph_batch_sizes: Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        self.model = Path(self.model)
+        self.kv_cache_config = self.kv_cache_config or KvCacheConfig()
+        self.scheduler_config = self.scheduler_config or SchedulerConfig()
+        if not isinstance(self.kv_cache_config, KvCacheConfig):
+            raise TypeError(f"kv_cache_config must be a KvCacheConfig, got {type(self.kv_cache_config).__name__}")
+        if not isinstance(self.scheduler_config, SchedulerConfig):
+            raise TypeError(f"scheduler_config must be a SchedulerConfig, got {type(self.scheduler_config).__name__}")
+        self.dtype = model_dtype(self.dtype)
+        if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int) or self.max_seq_len < 1):
+            raise ValueError(f"max_seq_len must be a positive int or None, got {self.max_seq_len!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise TypeError(f"seed must be an int or None, got {self.seed!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise TypeError(f"cuda_graphs must be a bool, got {self.cuda_graphs!r}")
+        self.overlap = bool(self.overlap)
+
+    @property
+    def num_seq_slots(self) -> int:
+        """The sequence slot pool: one slot per batch row, twice that with the overlap loop so
+        that a retiring request and its replacement can hold slots at once."""
+        return self.scheduler_config.max_batch_size * (2 if self.overlap else 1)

@@ -47,7 +47,7 @@ Engine.__init__ = _tracking_init  # type: ignore[method-assign]
 
 @pytest.fixture(autouse=True)
 def pools_are_conserved():
-    """After each test: every engine it created, once drained, has all its blocks and seats back."""
+    """After each test: every engine it created, once drained, has all its blocks and sequence slots back."""
     _engines.clear()
     yield
     for ref in _engines:
@@ -56,8 +56,8 @@ def pools_are_conserved():
             continue
         engine.check_resources()  # invariants hold even with requests left
         if engine.has_unfinished_requests():  # abort the leftovers and drain them
-            for rid in list(engine._requests):
-                engine.abort_request(rid)
+            for rec in list(engine._requests.records.values()):
+                engine.abort_request(rec.request_id)
             while engine.has_unfinished_requests():
                 engine.step()
         engine.check_resources()

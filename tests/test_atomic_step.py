@@ -40,10 +40,10 @@ def snapshot(engine: Engine) -> dict:
     stats = engine.stats()
     stats.pop("num_reusable_blocks")
     state = {"stats": stats}
-    for rid in engine._requests:
+    for rid, rec in engine._requests.records.items():
         m = engine._bm.request_metrics(rid)
         m.pop("arrival_time")
-        state[rid] = (m, list(engine._requests[rid].token_ids), engine._bm.block_table(rid)
+        state[rid] = (m, list(rec.token_ids), engine._bm.block_table(rid)
                       if m["seq_slot"] >= 0 else None)
     sampler = engine._sampler
     state["sampler"] = (dict(sampler._active), sampler.num_generated.tolist(), sampler.counts.sum(1).tolist())

@@ -115,7 +115,7 @@ def test_overlap_doubles_the_seats_and_cleans_up_its_thread(llama_dir):
     assert engine.stats()["num_slots"] == 8
     engine.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
     # The engine's own worker (other tests' engines may still be winding theirs down).
-    workers = list(engine._pool._threads)
+    workers = list(engine._loop._pool._threads)
     assert len(workers) == 1 and workers[0].is_alive() and workers[0] in threading.enumerate()
     ref = weakref.ref(engine)
     engine.shutdown()

@@ -104,6 +104,6 @@ def test_cache_salt_isolates_tenants(llama_dir, reference):
 
 
 def test_seat_pool_must_fit_in_the_kv_pool(llama_dir):
-    with pytest.raises(StartupError, match="phase 'kv_capacity'.*cannot cover the seat pool \\(64 sequence slots"):
+    with pytest.raises(StartupError, match="phase 'kv_capacity'.*cannot cover the sequence slot pool \\(64 sequence slots"):
         Engine(llama_dir, max_seq_len=64, kv_cache_config=KvCacheConfig(tokens_per_block=8, max_tokens=256),
                scheduler_config=SchedulerConfig(max_batch_size=64))

@@ -11,7 +11,7 @@ import weakref
 import pytest
 import torch
 
-import pyengine.engine.engine as engine_module
+import pyengine.engine.startup as engine_module
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig, StartupError
 from pyengine.runtime.model_runner import LIVE_KV_POOLS
 from pyengine.runtime.kv_capacity import CpuMemoryProbe
@@ -84,7 +84,7 @@ def _raiser(error):
 
 
 def test_an_impossible_capacity_fails_in_its_phase(llama_dir):
-    with pytest.raises(StartupError, match="phase 'kv_capacity'.*cannot cover the seat pool"):
+    with pytest.raises(StartupError, match="phase 'kv_capacity'.*cannot cover the sequence slot pool"):
         small(llama_dir, max_memory_bytes=1000)
     with pytest.raises(StartupError, match="phase 'kv_capacity'.*fewer than max_seq_len=256"):
         Engine(llama_dir, max_seq_len=256, kv_cache_config=KvCacheConfig(tokens_per_block=8, max_tokens=128),

@@ -16,6 +16,7 @@ void clear_events(StepEvents& e) {
   e.new_seated.clear();
   e.new_seated_slots.clear();
   e.output_request_ids.clear();
+  e.output_logits_rows.clear();
   e.tokens.clear();
   e.finished.clear();
   e.finish_reasons.clear();
@@ -299,10 +300,12 @@ void BatchManager::update(const TokenId* tokens, int32_t num_tokens, double now)
       if (r->context_pos < r->context_len) continue;  // more chunks to go: no token yet
       r->state = RequestState::kGenerationInProgress;
     }
-    const TokenId t = tokens[k++];
+    const int32_t row = k++;
+    const TokenId t = tokens[row];
     const bool done = r->append_token(t, now);
     if (kv_.reuse_enabled()) r->update_block_keys(kv_.tokens_per_block());
     events_.output_request_ids.push_back(r->id);
+    events_.output_logits_rows.push_back(row);
     events_.tokens.push_back(t);
     events_.finished.push_back(done ? 1 : 0);
     events_.finish_reasons.push_back(static_cast<int32_t>(r->finish_reason));

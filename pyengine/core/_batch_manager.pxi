@@ -97,6 +97,7 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         vector[int64_t] new_seated
         vector[int32_t] new_seated_slots
         vector[int64_t] output_request_ids
+        vector[int32_t] output_logits_rows
         vector[int32_t] tokens
         vector[uint8_t] finished
         vector[int32_t] finish_reasons
@@ -135,9 +136,10 @@ cdef object _i64_view(vector[int64_t]& v):
     return <int64_t[:v.size()]> v.data()
 
 
+# The user-facing names of the C++ policies (pyengine.config validates against these).
 QUEUE_POLICIES = {"fcfs": QueuePolicy.kFcfs, "priority": QueuePolicy.kPriority}
 
-POLICIES = {
+CAPACITY_POLICIES = {
     "guaranteed_no_evict": CapacitySchedulerPolicy.kGuaranteedNoEvict,
     "max_utilization": CapacitySchedulerPolicy.kMaxUtilization,
     "static_batch": CapacitySchedulerPolicy.kStaticBatch,
@@ -154,8 +156,8 @@ cdef class CoreBatchManager:
                   int tokens_per_block, int num_blocks, int num_seq_slots=0,
                   bint enable_chunked_context=True, str policy="guaranteed_no_evict",
                   int vocab_size=0, bint enable_block_reuse=False, str queue_policy="fcfs"):
-        if policy not in POLICIES:
-            raise ValueError(f"capacity_scheduler_policy must be one of {sorted(POLICIES)}, got {policy!r}")
+        if policy not in CAPACITY_POLICIES:
+            raise ValueError(f"capacity_scheduler_policy must be one of {sorted(CAPACITY_POLICIES)}, got {policy!r}")
         if queue_policy not in QUEUE_POLICIES:
             raise ValueError(f"queue_policy must be one of {sorted(QUEUE_POLICIES)}, got {queue_policy!r}")
         cdef BatchManagerConfig c
@@ -166,7 +168,7 @@ cdef class CoreBatchManager:
         c.num_blocks = num_blocks
         c.num_seq_slots = num_seq_slots
         c.enable_chunked_context = enable_chunked_context
-        c.policy = <CapacitySchedulerPolicy> POLICIES[policy]
+        c.policy = <CapacitySchedulerPolicy> CAPACITY_POLICIES[policy]
         c.vocab_size = vocab_size
         c.enable_block_reuse = enable_block_reuse
         c.queue_policy = <QueuePolicy> QUEUE_POLICIES[queue_policy]
@@ -238,10 +240,11 @@ cdef class CoreBatchManager:
 
     def step_outputs(self):
         """What update() produced, one entry per request that got a token, as a list of
-        (request id, token, finished, finish reason) tuples."""
+        (request id, token, finished, finish reason, logits row) tuples."""
         cdef const StepEvents* e = &self.bm.events()
         cdef size_t i, n = e.output_request_ids.size()
-        return [(e.output_request_ids[i], e.tokens[i], e.finished[i] != 0, e.finish_reasons[i]) for i in range(n)]
+        return [(e.output_request_ids[i], e.tokens[i], e.finished[i] != 0, e.finish_reasons[i],
+                 e.output_logits_rows[i]) for i in range(n)]
 
     @property
     def num_finished(self) -> int:

@@ -1,6 +1,6 @@
 # Cython bindings of the CPU attention kernels (csrc/include/pyengine/kernels.h).
 # Included by _core.pyx. The torch-facing API (argument checks, dtype mapping) is
-# pyengine/kernels.py; these wrappers take raw addresses (tensor.data_ptr()) and sizes.
+# pyengine/layers/attention.py; these wrappers take raw addresses (tensor.data_ptr()) and sizes.
 
 from libc.stdint cimport int32_t, int64_t, uintptr_t
 
@@ -9,6 +9,7 @@ cdef extern from "pyengine/kernels.h" namespace "pyengine::kernels" nogil:
         kFloat32
         kBFloat16
         kFloat16
+        kFloat8E4M3
 
     int dtype_size(DType dtype) except +
 

@@ -46,7 +46,7 @@ class RequestOutput:
         (SamplingParams.logprobs); prompt_logprobs likewise per prompt token (None first).
     """
 
-    request_id: int
+    request_id: int | str
     prompt_token_ids: list[int]
     token_ids: list[int]
     new_token_ids: list[int]
@@ -83,8 +83,13 @@ def partial_stop_suffix(text: str, stops: list[str]) -> int:
 
 
 @dataclass
-class RequestState:
-    request_id: int
+class RequestRecord:
+    """The engine's Python-side record of a live request: what it asked for and what it has
+    been shown (text, logprobs). Its scheduling state lives in the C++ batch manager, under
+    `core_id`; `request_id` is the caller's id (int or str)."""
+
+    request_id: int | str
+    core_id: int
     prompt_token_ids: list[int]
     params: SamplingParams
     seed: int

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-#: torch dtype -> C++ ``pyengine::kernels::DType`` value of the activation dtypes.
-DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+from pyengine.dtypes import ACTIVATION_CODES as DTYPE_CODES
 
 _CPU = torch.device("cpu")
 

@@ -1,7 +1,8 @@
-"""Torch-facing attention kernels: the paged KV store and paged attention.
+"""Paged attention for the model: the KV store and paged attention, one front end for the
+CPU kernels and the CUDA (CUTLASS/CuTe) kernels.
 
-The functions here take CPU tensors and run the C++ CPU kernels; given CUDA tensors they hand
-over to :mod:`pyengine.layers._attention_cuda` (the same arguments, plus the few a GPU launch needs), so the
+Given CPU tensors the functions run the C++ CPU kernels; given CUDA tensors they launch the
+CUDA kernels on the device's current torch stream (``pyengine.layers._attention_cuda``), so the
 model code calls one function whatever its device.
 
 Both functions run once per layer per step, so the checks here are kept to cheap metadata
@@ -25,10 +26,10 @@ from __future__ import annotations
 import torch
 
 import pyengine.core._core as _core
-from pyengine.layers import _attention_cuda as cuda_kernels
-from pyengine.layers._kernel_checks import DTYPE_CODES, attention_args, store_kv_args
+from pyengine.layers import _attention_cuda
+from pyengine.layers._kernel_checks import attention_args, store_kv_args
 
-__all__ = ["store_kv", "paged_attention", "DTYPE_CODES"]
+__all__ = ["store_kv", "paged_attention", "paged_attention_workspace"]
 
 
 def _check_unit_scales(k_scale: float, v_scale: float) -> None:
@@ -55,13 +56,16 @@ def store_kv(
             float32/bfloat16/float16 (the cache dtype; rows are rounded to nearest even).
         slot_mapping: int32 ``[num_tokens]``, ``block_id * tokens_per_block + offset`` per row;
             a negative slot skips that row.
-        k_scale, v_scale: per-tensor scales of an fp8 cache (CUDA only; 1.0 elsewhere).
+        k_scale, v_scale: per-tensor scales of an fp8 cache (CUDA only; 1.0 elsewhere): the
+            cache stores ``key / k_scale`` and ``value / v_scale``, saturated to +-448.
+
+    On CUDA the cache may be ``torch.float8_e4m3fn`` for bfloat16/float16 keys.
 
     Raises:
         ValueError: on a bad dtype, device, shape or layout (the message names the argument).
     """
     if key.is_cuda:
-        return cuda_kernels.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+        return _attention_cuda.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     _check_unit_scales(k_scale, v_scale)
     a = store_kv_args(key, value, k_cache, v_cache, slot_mapping)
     if a.num_tokens == 0:
@@ -110,10 +114,14 @@ def paged_attention(
             ``p - sliding_window + 1 .. p``.
         out: optional ``[num_tokens, num_heads, head_dim]`` output in query's dtype (last two
             dims contiguous); allocated when not given.
-        max_query_len, max_context_len, workspace, k_scale, v_scale: CUDA only (see
-            :func:`pyengine.layers._attention_cuda.paged_attention`): the longest query and an upper bound
-            of ``seq_lens`` (host values, so a launch reads nothing back from the GPU), the
-            split-K scratch, the fp8 cache's scales. Ignored on the CPU (scales must be 1).
+        max_query_len, max_context_len, workspace: CUDA only (ignored on the CPU): the longest
+            query of the batch (1 selects the flash-decoding kernel, more the prefill kernel,
+            which also takes decode rows mixed in) and an upper bound of ``seq_lens`` -- host
+            values, so a launch reads nothing back from the GPU; it sizes the split-K grid --
+            and a uint8 scratch tensor from :func:`paged_attention_workspace` sized for at
+            least this batch's ``num_tokens`` and ``max_context_len``.
+        k_scale, v_scale: dequantization scales of an fp8 (``torch.float8_e4m3fn``) cache (CUDA
+            only; 1.0 on the CPU).
 
     Returns:
         ``out``, ``[num_tokens, num_heads, head_dim]`` in query's dtype.
@@ -125,7 +133,7 @@ def paged_attention(
     if query.is_cuda:
         if max_query_len is None or max_context_len is None or workspace is None:
             raise ValueError("paged_attention on CUDA needs max_query_len, max_context_len and workspace")
-        return cuda_kernels.paged_attention(
+        return _attention_cuda.paged_attention(
             query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window,
             max_query_len=max_query_len, max_context_len=max_context_len, workspace=workspace, out=out,
             k_scale=k_scale, v_scale=v_scale)
@@ -141,3 +149,11 @@ def paged_attention(
         torch.get_num_threads(),
     )
     return a.out
+
+
+def paged_attention_workspace(num_tokens: int, num_heads: int, head_dim: int, max_context_len: int,
+                              device: torch.device | str) -> torch.Tensor:
+    """A uint8 scratch tensor on ``device`` for the CUDA :func:`paged_attention` on batches of at
+    most ``num_tokens`` query rows whose KV lengths are at most ``max_context_len`` (empty where
+    the CUDA kernels are not built)."""
+    return _attention_cuda.paged_attention_workspace(num_tokens, num_heads, head_dim, max_context_len, device)

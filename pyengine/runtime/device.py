@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pyengine.layers import _attention_cuda as cuda_kernels
+from pyengine.core import cuda_kernels_built
 
 SUPPORTED_DEVICE_TYPES = ("cpu", "cuda")
 
@@ -24,7 +24,7 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if not torch.cuda.is_available():
         build = torch.version.cuda and f"CUDA {torch.version.cuda}" or "no CUDA (a CPU-only build)"
         raise ValueError(f"device={device!r}: torch sees no CUDA device (torch {torch.__version__}, {build})")
-    if not cuda_kernels.is_built():
+    if not cuda_kernels_built():
         raise ValueError(f"device={device!r}: this pyengine was built without its CUDA kernels "
                          "(no nvcc or no CUTLASS headers at install time); reinstall with both")
     index = torch.cuda.current_device() if dev.index is None else dev.index

@@ -42,7 +42,7 @@ class KvCapacity:
     budget_bytes: int | None = None      # B_free after the caps
     max_tokens: int | None = None        # caps in force
     max_memory_bytes: int | None = None
-    seat_cap_blocks: int | None = None   # never more than every seat at max_seq_len needs
+    seq_slot_cap_blocks: int | None = None   # never more than every sequence slot at max_seq_len needs
 
     @property
     def max_tokens_in_pool(self) -> int:
@@ -134,16 +134,16 @@ def configured_capacity(max_tokens: int, tokens_per_block: int, bytes_per_block:
 
 def capacity_from_reading(reading: MemoryReading, *, tokens_per_block: int, bytes_per_block: int,
                           free_memory_fraction: float, max_tokens: int | None, max_memory_bytes: int | None,
-                          seat_cap_blocks: int) -> KvCapacity:
+                          seq_slot_cap_blocks: int) -> KvCapacity:
     """The formula, from measured figures."""
     budget = int(reading.available_bytes * free_memory_fraction)
     if max_memory_bytes is not None:
         budget = min(budget, max_memory_bytes)
     if max_tokens is not None:
         budget = min(budget, math.ceil(max_tokens / tokens_per_block) * bytes_per_block)
-    blocks = min(budget // bytes_per_block, seat_cap_blocks)
+    blocks = min(budget // bytes_per_block, seq_slot_cap_blocks)
     return KvCapacity(num_blocks=blocks, tokens_per_block=tokens_per_block, bytes_per_block=bytes_per_block,
                       source="estimated", available_bytes=reading.available_bytes, peak_bytes=reading.peak_bytes,
                       rss_before=reading.rss_before, rss_peak=reading.rss_peak, rss_after=reading.rss_after,
                       free_memory_fraction=free_memory_fraction, budget_bytes=budget, max_tokens=max_tokens,
-                      max_memory_bytes=max_memory_bytes, seat_cap_blocks=seat_cap_blocks)
+                      max_memory_bytes=max_memory_bytes, seq_slot_cap_blocks=seq_slot_cap_blocks)

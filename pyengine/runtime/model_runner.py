@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from pyengine.core._core import CoreBatchManager
+from pyengine.layers.attention import paged_attention_workspace
 from pyengine.layers.fused_decode import CpuDecodeLayers
 from pyengine.models import AttentionMetadata, LlamaFamilyModel
 
@@ -97,7 +98,6 @@ class ModelRunner:
     # ---- CUDA set-up -----------------------------------------------------------------------
 
     def _init_cuda(self, c) -> None:
-        from pyengine.layers import _attention_cuda as cuda_kernels
         self.stream = torch.cuda.Stream(self.device)
         # The buffers the forward reads (request ids stay on the host), page-locked in place.
         uploaded = {name: view for name, view in self.host.items() if name != "request_ids"}
@@ -106,7 +106,7 @@ class ModelRunner:
         self.dev = {name: torch.zeros_like(view, device=self.device) for name, view in uploaded.items()}
         # Split-K scratch of decode attention: decode batches have at most max_batch_size rows
         # (prefill batches use the tiled kernel, which needs none).
-        self.workspace = cuda_kernels.paged_attention_workspace(
+        self.workspace = paged_attention_workspace(
             self.max_batch_size, c.num_heads, c.head_dim, self.max_seq_len, self.device)
         self._host_tokens = [torch.empty(self.max_num_tokens, dtype=torch.int32).pin_memory() for _ in range(2)]
         self._host_turn = 0

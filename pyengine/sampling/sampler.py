@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pyengine.sampling.logprobs import top_logprobs
 from pyengine.sampling.params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -308,12 +309,3 @@ class Sampler:
             self.counts.index_put_((rows, result.tokens.to(torch.int64)),
                                    torch.ones(rows.shape[0], dtype=torch.int32, device=self.device), accumulate=True)
 
-
-def top_logprobs(row: torch.Tensor, n: int, chosen: int) -> dict[int, float]:
-    """{token: logprob} of the top-n tokens of a log-softmax row plus the chosen token."""
-    out: dict[int, float] = {}
-    if n > 0:
-        values, ids = row.topk(n)
-        out = dict(zip(ids.tolist(), values.tolist()))
-    out[chosen] = float(row[chosen])
-    return out

@@ -109,7 +109,7 @@ def test_kv_capacity_comes_from_cuda_memory_figures(gpu_models):
     assert 0 < cap["peak_bytes"] < total
     assert cap["available_bytes"] <= total
     assert cap["budget_bytes"] == min(int(cap["available_bytes"] * 0.9), budget)
-    assert cap["num_blocks"] == min(cap["budget_bytes"] // cap["bytes_per_block"], cap["seat_cap_blocks"])
+    assert cap["num_blocks"] == min(cap["budget_bytes"] // cap["bytes_per_block"], cap["seq_slot_cap_blocks"])
     assert engine._runner.kv_pool.is_cuda
     assert engine._runner.kv_pool_bytes == cap["num_blocks"] * cap["bytes_per_block"]
 

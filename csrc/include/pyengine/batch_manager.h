@@ -63,8 +63,10 @@ struct StepEvents {
   std::vector<SlotId> paused_slots;
   std::vector<RequestId> new_seated;     // got a slot in this schedule()
   std::vector<SlotId> new_seated_slots;
-  // update(): one entry per request that produced a token.
+  // update(): one entry per request that produced a token, with the logits row it came from
+  // (rows of requests the caller ended after scheduling them produce no entry).
   std::vector<RequestId> output_request_ids;
+  std::vector<int32_t> output_logits_rows;
   std::vector<TokenId> tokens;
   std::vector<uint8_t> finished;
   std::vector<int32_t> finish_reasons;   // FinishReason values

@@ -1,0 +1,182 @@
+"""Requests on their way in: prompt -> token ids, validation, end-of-sequence and stop ids, cache
+salts, request ids; and the table of live requests the engine keeps.
+
+Everything here checks before anything changes: a bad request raises ValueError/TypeError
+naming the value and leaves the engine as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from pyengine.engine.detokenizer import IncrementalDetokenizer
+from pyengine.engine.outputs import RequestMetrics, RequestRecord
+from pyengine.models import ModelConfig
+from pyengine.sampling import SamplingParams
+
+Prompt = str | Sequence[int] | torch.Tensor
+RequestId = int | str
+
+_MAX_CORE_ID = 2**63 - 1
+# Finished request ids remembered, so that aborting one says False rather than "unknown";
+# older ones are forgotten (an application running for months must not grow without bound).
+FINISHED_IDS_KEPT = 65536
+
+
+def cache_salt_key(salt: str | bytes | None) -> int:
+    """A stable non-zero 64-bit key for a cache salt (0 means no salt)."""
+    if salt is None:
+        return 0
+    data = salt.encode() if isinstance(salt, str) else bytes(salt)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") or 1
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    """The model directory's tokenizer (transformers' AutoTokenizer), or None if it has none."""
+    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def prompt_token_ids(prompt: Prompt, tokenizer: Any, model_dir: Path) -> list[int]:
+    """A prompt (text, token ids, or a 1-D integer tensor) as a list of token ids."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError(f"a text prompt needs a tokenizer, and {str(model_dir)!r} has none; pass token ids")
+        return list(tokenizer(prompt)["input_ids"])
+    if isinstance(prompt, torch.Tensor) and prompt.dim() == 1 and not prompt.is_floating_point():
+        return prompt.tolist()
+    if isinstance(prompt, (list, tuple)):
+        bad = next((t for t in prompt if not isinstance(t, int) or isinstance(t, bool)), None)
+        if bad is not None:
+            raise TypeError(f"prompt token ids must be ints, got {bad!r}")
+        return list(prompt)
+    raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
+
+
+@dataclass
+class NewRequest:
+    """A checked request, ready for the batch manager (see RequestTable.prepare)."""
+
+    request_id: RequestId
+    core_id: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    end_id: int                 # the model's first EOS id (-1: none or ignore_eos)
+    core_stop_ids: list[int]    # the stop ids the C++ core checks: the user's, then the other EOS ids
+    stop_ids: list[int]         # what min_tokens masks: every EOS id, then the user's
+    priority: float
+    cache_salt_key: int
+
+
+class RequestTable:
+    """The live requests, by the id the C++ core knows them under (`core_id`).
+
+    Callers name requests by int or str ids. An int id is its own core id; a str id gets a
+    negative core id, so the two kinds never collide. Ids the engine assigns are ints."""
+
+    def __init__(self, model_config: ModelConfig, tokenizer: Any, model_dir: Path) -> None:
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.model_dir = model_dir
+        self.records: dict[int, RequestRecord] = {}
+        self._core_ids: dict[RequestId, int] = {}
+        self._finished: OrderedDict[RequestId, None] = OrderedDict()
+        self._auto_ids = itertools.count()
+        self._str_ids = itertools.count(1)
+        self.num_owed_prompt_logprobs = 0  # live requests still owed prompt logprobs
+
+    # ---- ids ----------------------------------------------------------------------------------
+
+    def core_id(self, request_id: RequestId) -> int | None:
+        """The core id of a live request, or None."""
+        return self._core_ids.get(request_id)
+
+    def was_finished(self, request_id: RequestId) -> bool:
+        """True for a request that finished recently (its id may be given again)."""
+        return request_id in self._finished
+
+    def _assign(self, request_id: RequestId | None, in_core: Any) -> tuple[RequestId, int]:
+        if request_id is None:
+            rid = next(self._auto_ids)
+            while rid in self._core_ids or in_core(rid):
+                rid = next(self._auto_ids)
+            return rid, rid
+        if isinstance(request_id, bool) or not isinstance(request_id, (int, str)):
+            raise TypeError(f"request_id must be an int or a str, got {request_id!r}")
+        if request_id in self._core_ids:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if isinstance(request_id, int):
+            if not 0 <= request_id <= _MAX_CORE_ID:
+                raise ValueError(f"request_id must be in [0, 2**63), got {request_id}")
+            return request_id, request_id
+        core = -next(self._str_ids)
+        while in_core(core):
+            core = -next(self._str_ids)
+        return request_id, core
+
+    # ---- admission ----------------------------------------------------------------------------
+
+    def prepare(self, prompt: Prompt, params: SamplingParams | None, request_id: RequestId | None,
+                priority: float, cache_salt: str | bytes | None, in_core: Any) -> NewRequest:
+        """Checks a request and resolves its ids; changes nothing. `in_core(core_id)` says
+        whether the batch manager already holds a request under that id."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        params.validate()
+        ids = prompt_token_ids(prompt, self.tokenizer, self.model_dir)
+        request_id, core_id = self._assign(request_id, in_core)
+        vocab = self.model_config.vocab_size
+        bad_stop = next((t for t in params.stop_token_ids if t >= vocab), None)
+        if bad_stop is not None:
+            raise ValueError(f"stop_token_ids entry {bad_stop} is outside the vocabulary [0, {vocab})")
+        if not isinstance(priority, (int, float)) or isinstance(priority, bool) or not math.isfinite(priority):
+            raise ValueError(f"priority must be a finite number, got {priority!r}")
+        if cache_salt is not None and not isinstance(cache_salt, (str, bytes)):
+            raise TypeError(f"cache_salt must be a str or bytes, got {type(cache_salt).__name__}")
+        eos = [] if params.ignore_eos else list(self.model_config.eos_token_ids)
+        return NewRequest(request_id=request_id, core_id=core_id, prompt_token_ids=ids, params=params,
+                          end_id=eos[0] if eos else -1, core_stop_ids=list(params.stop_token_ids) + eos[1:],
+                          stop_ids=eos + list(params.stop_token_ids), priority=float(priority),
+                          cache_salt_key=cache_salt_key(cache_salt))
+
+    def add(self, new: NewRequest, new_seed: Callable[[], int], arrival_time: float) -> RequestRecord:
+        """Records a request the batch manager has accepted; `new_seed()` gives the seed of a
+        request that set none."""
+        rec = RequestRecord(
+            request_id=new.request_id, core_id=new.core_id, prompt_token_ids=new.prompt_token_ids,
+            params=new.params, seed=new.params.seed if new.params.seed is not None else new_seed(),
+            stop_ids=new.stop_ids, detokenizer=IncrementalDetokenizer(self.tokenizer, new.params.skip_special_tokens),
+            metrics=RequestMetrics(arrival_time=arrival_time))
+        self.records[new.core_id] = rec
+        self._core_ids[new.request_id] = new.core_id
+        self._finished.pop(new.request_id, None)
+        self.num_owed_prompt_logprobs += rec.wants_prompt_logprobs
+        return rec
+
+    def remove(self, core_id: int, finished: bool = True) -> RequestRecord:
+        """Forgets a request: it finished (remembered as such), or it is withdrawn unseen."""
+        rec = self.records.pop(core_id)
+        del self._core_ids[rec.request_id]
+        self.num_owed_prompt_logprobs -= rec.wants_prompt_logprobs
+        if finished:
+            self._finished[rec.request_id] = None
+            while len(self._finished) > FINISHED_IDS_KEPT:
+                self._finished.popitem(last=False)
+        return rec
+
+    def __contains__(self, core_id: int) -> bool:
+        return core_id in self.records
+
+    def __len__(self) -> int:
+        return len(self.records)

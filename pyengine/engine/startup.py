@@ -1,0 +1,215 @@
+"""Start-up: the engine is assembled in phases, each timed, and a failure in any of them raises
+StartupError naming the phase, with nothing left behind.
+
+    config       EngineConfig checked against the model's config.json; device; tokenizer
+    weights      safetensors -> the model's tensors on the device
+    kv_capacity  the two-pass measurement: a small cache, a worst-case dummy batch, its memory
+                 peak -> the pool size (pyengine/runtime/kv_capacity.py has the formula)
+    scheduler    the C++ batch manager with the real pool size, and the sampler
+    executor     the model runner (KV pool, metadata views), then CUDA graphs on a GPU
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from pyengine.config import EngineConfig
+from pyengine.core import CoreBatchManager
+from pyengine.dtypes import KV_CACHE_DTYPES
+from pyengine.engine.requests import load_tokenizer
+from pyengine.models import LlamaFamilyModel, ModelConfig
+from pyengine.models.loader import load_tensors
+from pyengine.runtime.cuda_graphs import DecodeGraphs, check_graph_batch_sizes, default_graph_batch_sizes
+from pyengine.runtime.device import resolve_device
+from pyengine.runtime.kv_capacity import (SKIP_ENV, CpuMemoryProbe, CudaMemoryProbe, KvCapacity, MemoryReading,
+                                          capacity_from_reading, configured_capacity, skip_requested)
+from pyengine.runtime.model_runner import ModelRunner
+from pyengine.sampling import Sampler
+
+PHASES = ("config", "weights", "kv_capacity", "scheduler", "executor")
+
+
+class StartupError(RuntimeError):
+    """Engine(...) failed; `phase` names the start-up phase ("config", "weights",
+    "kv_capacity", "scheduler", "executor") and the original exception is the cause."""
+
+    def __init__(self, phase: str, error: BaseException) -> None:
+        super().__init__(f"pyengine start-up failed in phase '{phase}': {type(error).__name__}: {error}")
+        self.phase = phase
+        self.error = error
+
+
+@dataclass
+class EngineParts:
+    """What start-up built, handed to the Engine."""
+
+    config: EngineConfig
+    model_config: ModelConfig
+    tokenizer: Any
+    device: torch.device
+    kv_dtype: torch.dtype
+    max_seq_len: int
+    graph_sizes: list[int] = field(default_factory=list)
+    capacity: KvCapacity | None = None
+    bm: CoreBatchManager | None = None
+    sampler: Sampler | None = None
+    runner: ModelRunner | None = None
+    phases: list[tuple[str, float]] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def _phase(phases: list[tuple[str, float]], name: str) -> Iterator[None]:
+    """Times a start-up phase; a failure in it raises StartupError naming the phase."""
+    start = time.perf_counter()
+    try:
+        yield
+    except Exception as e:
+        raise StartupError(name, e) from e
+    phases.append((name, time.perf_counter() - start))
+
+
+def start_engine(**engine_args: Any) -> EngineParts:
+    """Runs the phases on Engine(...)'s arguments; raises StartupError."""
+    phases: list[tuple[str, float]] = []
+    with _phase(phases, "config"):
+        parts = _configure(EngineConfig(**engine_args))
+        parts.phases = phases
+    with _phase(phases, "weights"):
+        mc = parts.model_config
+        names, optional = LlamaFamilyModel.weight_names(mc)
+        weights = load_tensors(parts.config.model, names, parts.config.dtype, optional)
+        model = LlamaFamilyModel(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device)
+    with _phase(phases, "kv_capacity"):
+        parts.capacity = _kv_capacity(parts, model)
+    with _phase(phases, "scheduler"):
+        parts.bm = _batch_manager(parts, parts.capacity.num_blocks)
+        parts.sampler = Sampler(parts.bm.num_slots, mc.vocab_size, parts.config.seed, parts.device)
+    with _phase(phases, "executor"):
+        sc = parts.config.scheduler_config
+        parts.runner = _runner(parts, model, parts.bm, sc.max_batch_size, parts.capacity.num_blocks,
+                               sc.max_num_tokens)
+        if parts.graph_sizes:  # after the KV pool: graphs read it at a fixed address
+            try:
+                parts.runner.decode_pad_sizes = parts.graph_sizes
+                parts.runner.graphs = DecodeGraphs(parts.runner, parts.graph_sizes)
+            except BaseException:
+                parts.runner.close()
+                raise
+    return parts
+
+
+def _configure(cfg: EngineConfig) -> EngineParts:
+    device = resolve_device(cfg.device)
+    kv = cfg.kv_cache_config.dtype
+    kv_dtype = cfg.dtype if kv == "auto" else KV_CACHE_DTYPES[kv]
+    if kv == "float8_e4m3":
+        if device.type != "cuda":
+            raise ValueError("KvCacheConfig.dtype='float8_e4m3' needs device='cuda' (the CPU kernels have no fp8)")
+        if cfg.dtype == torch.float32:
+            raise ValueError("KvCacheConfig.dtype='float8_e4m3' needs a bfloat16 or float16 model, got dtype=float32")
+    mc = ModelConfig.from_model_dir(cfg.model)
+    max_seq_len = mc.max_position_embeddings if cfg.max_seq_len is None else cfg.max_seq_len
+    if not 1 <= max_seq_len <= mc.max_position_embeddings:
+        raise ValueError(f"max_seq_len must be in [1, max_position_embeddings={mc.max_position_embeddings}], "
+                         f"got {max_seq_len!r}")
+    return EngineParts(config=cfg, model_config=mc, tokenizer=load_tokenizer(cfg.model), device=device,
+                       kv_dtype=kv_dtype, max_seq_len=max_seq_len, graph_sizes=_graph_sizes(cfg, device))
+
+
+def _graph_sizes(cfg: EngineConfig, device: torch.device) -> list[int]:
+    """The decode batch sizes to capture (none on the CPU or with cuda_graphs=False)."""
+    sc = cfg.scheduler_config
+    sizes = cfg.cuda_graph_batch_sizes
+    if sizes is not None:
+        sizes = check_graph_batch_sizes(sizes, sc.max_batch_size, sc.max_num_tokens)
+    if not cfg.cuda_graphs or device.type != "cuda":
+        return []
+    if sizes is None:
+        sizes = [s for s in default_graph_batch_sizes(sc.max_batch_size) if s <= sc.max_num_tokens]
+    return sizes
+
+
+def _batch_manager(parts: EngineParts, num_blocks: int) -> CoreBatchManager:
+    sc, kc = parts.config.scheduler_config, parts.config.kv_cache_config
+    return CoreBatchManager(
+        max_batch_size=sc.max_batch_size, max_num_tokens=sc.max_num_tokens, max_seq_len=parts.max_seq_len,
+        tokens_per_block=kc.tokens_per_block, num_blocks=num_blocks, enable_chunked_context=sc.enable_chunked_prefill,
+        policy=sc.capacity_scheduler_policy, vocab_size=parts.model_config.vocab_size,
+        num_seq_slots=parts.config.num_seq_slots, enable_block_reuse=kc.enable_block_reuse,
+        queue_policy=sc.queue_policy)
+
+
+def _runner(parts: EngineParts, model: LlamaFamilyModel, bm: CoreBatchManager, rows: int, num_blocks: int,
+            max_num_tokens: int) -> ModelRunner:
+    kc = parts.config.kv_cache_config
+    return ModelRunner(model, bm, rows, num_blocks, kc.tokens_per_block, parts.kv_dtype,
+                       max_seq_len=parts.max_seq_len, max_num_tokens=max_num_tokens,
+                       kv_scales=(kc.k_scale, kc.v_scale))
+
+
+# ---- KV capacity: the two passes ---------------------------------------------------------------
+
+def _kv_capacity(parts: EngineParts, model: LlamaFamilyModel) -> KvCapacity:
+    kc, mc = parts.config.kv_cache_config, parts.model_config
+    num_seq_slots = parts.config.num_seq_slots
+    tpb = kc.tokens_per_block
+    bytes_per_block = mc.kv_bytes_per_token_per_elem * tpb * torch.empty((), dtype=parts.kv_dtype).element_size()
+    if kc.free_memory_fraction is None or skip_requested():
+        if kc.max_tokens is None:
+            raise ValueError(f"{SKIP_ENV} is set but KvCacheConfig.max_tokens is not: the pool size must come "
+                             "from somewhere")
+        cap = configured_capacity(kc.max_tokens, tpb, bytes_per_block)
+    else:
+        reading = _measure_worst_case_batch(parts, model)
+        cap = capacity_from_reading(
+            reading, tokens_per_block=tpb, bytes_per_block=bytes_per_block,
+            free_memory_fraction=kc.free_memory_fraction, max_tokens=kc.max_tokens,
+            max_memory_bytes=kc.max_memory_bytes,
+            seq_slot_cap_blocks=num_seq_slots * math.ceil(parts.max_seq_len / tpb))
+    if cap.num_blocks < num_seq_slots:
+        raise ValueError(f"the KV pool ({cap.num_blocks} blocks) cannot cover the sequence slot pool "
+                         f"({num_seq_slots} sequence slots, one block each at least): raise KvCacheConfig.max_tokens "
+                         "or max_memory_bytes, or lower max_batch_size")
+    if cap.max_tokens_in_pool < parts.max_seq_len:
+        raise ValueError(f"the KV pool holds {cap.max_tokens_in_pool} tokens ({cap.num_blocks} blocks of {tpb}), "
+                         f"fewer than max_seq_len={parts.max_seq_len}: one request of max_seq_len tokens would "
+                         "never fit; raise KvCacheConfig.max_tokens or lower max_seq_len")
+    return cap
+
+
+def _measure_worst_case_batch(parts: EngineParts, model: LlamaFamilyModel) -> MemoryReading:
+    """Pass 1: a small cache, a worst-case dummy batch -- max_num_tokens in one forward, one long
+    context plus a full batch of one-token rows -- and its memory peak."""
+    sc, tpb = parts.config.scheduler_config, parts.config.kv_cache_config.tokens_per_block
+    rows = max(1, min(sc.max_batch_size, sc.max_num_tokens))
+    context = max(1, min(sc.max_num_tokens - (rows - 1), parts.max_seq_len - 1))
+    blocks = math.ceil((context + 1) / tpb) + rows
+    bm = CoreBatchManager(max_batch_size=rows, max_num_tokens=context + rows - 1,
+                          max_seq_len=max(context + 1, rows), tokens_per_block=tpb, num_blocks=blocks,
+                          enable_chunked_context=False, vocab_size=parts.model_config.vocab_size)
+    runner = _runner(parts, model, bm, rows, blocks, context + rows - 1)
+    bm.add_request(0, array.array("i", [1] * context), 1)
+    for i in range(1, rows):
+        bm.add_request(i, array.array("i", [1]), 1)
+
+    def dummy_batch() -> None:
+        num_tokens, num_seqs, num_logits = bm.schedule(0.0)
+        runner.forward(num_tokens, num_seqs, num_logits)
+
+    probe = CudaMemoryProbe(parts.device) if parts.device.type == "cuda" else CpuMemoryProbe()
+    try:
+        reading = probe.measure(dummy_batch)
+    finally:
+        bm.rollback()
+        runner.close()
+    del runner, bm  # pass 1's cache goes before pass 2 builds the real one
+    if parts.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return reading

@@ -1,0 +1,289 @@
+"""The step loop: one step() is schedule -> forward -> sample -> update -> respond -> free, in
+that order, plain or overlapped; and the rollback that makes a failed step change nothing.
+
+Plain: every action of step n happens in the call that runs it.
+
+Overlap: the call that runs step n's forward (in a worker thread) first commits step n-1, which
+the previous call sampled (`_update`, cheap: the C++ update and the sampler's counters), and
+builds step n-1's outputs (detokenization, stop strings) while the forward runs; every output
+arrives one call later, identical to the plain loop's. Where the loop waits for the worker:
+`future.result()` in `_step_overlap`.
+
+Atomic: if scheduling the sampler rows, the forward, the sampler or a user's logits processor
+raises, `_undo_schedule` rolls the batch manager back (`BatchManager::rollback`) and un-seats
+the sampler rows, so the engine is as it was before the step; outputs already built (the
+previous step's, with overlap, and the aborts the schedule dropped) come with the next step that
+succeeds.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from pyengine.core import CoreBatchManager, FinishReason
+from pyengine.engine.outputs import RequestOutput, RequestRecord, metrics_from_core
+from pyengine.engine.requests import RequestTable
+from pyengine.runtime.model_runner import Forwarded, ModelRunner
+from pyengine.sampling import SampleResult, Sampler
+from pyengine.sampling.logprobs import PromptRows, prompt_logprob_rows, record_prompt_logprobs
+
+# The C++ FinishReason values -> the finish_reason users see.
+FINISH_REASONS: dict[int, str] = {int(FinishReason.kEndId): "stop", int(FinishReason.kStopToken): "stop",
+                                  int(FinishReason.kLength): "length", int(FinishReason.kAbort): "abort",
+                                  int(FinishReason.kStopString): "stop"}
+
+# An updated step's output for one request: (core id, token, C++ finish reason, logprobs, metrics
+# dict of a request that finished, else None).
+UpdateItem = tuple[int, int, int, "dict[int, float] | None", "dict | None"]
+
+
+@dataclass
+class Batch:
+    """One scheduled step: sizes from the batch manager, its events, prompt-logprob rows."""
+
+    num_tokens: int
+    num_seqs: int
+    num_logits: int
+    events: dict
+    prompt_rows: PromptRows | None = None
+
+
+class StepLoop:
+    """Runs steps over the batch manager, the model runner and the sampler; owns what is in
+    flight between two calls (overlap) and the outputs owed to the next call."""
+
+    def __init__(self, bm: CoreBatchManager, runner: ModelRunner, sampler: Sampler, table: RequestTable,
+                 overlap: bool) -> None:
+        self.bm, self.runner, self.sampler, self.table = bm, runner, sampler, table
+        # overlap: one worker thread runs the forward while the caller's thread builds outputs
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyengine-forward") if overlap else None
+        self._inflight: tuple[Batch, Forwarded, SampleResult] | None = None  # sampled, not yet updated
+        self._pending_outputs: list[RequestOutput] = []  # owed by a step that failed
+        self.reset_timings()
+
+    @property
+    def overlap(self) -> bool:
+        return self._pool is not None
+
+    def has_work(self) -> bool:
+        """Outputs are still owed: a step in flight, or outputs held back by a failed step."""
+        return self._inflight is not None or bool(self._pending_outputs)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._inflight = None
+
+    # ---- the two loops --------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        # on a GPU, everything a step does on the device (sampler state, sampling, token copies)
+        # goes on the execution stream, ordered after the forward
+        with self.runner.stream_context():
+            return self._step_overlap() if self._pool is not None else self._step_plain()
+
+    def _step_plain(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        batch = self._schedule()
+        t1 = time.perf_counter()
+        try:
+            forwarded = self._forward(batch) if batch.num_seqs else None
+            t2 = time.perf_counter()
+            result = self._sample(batch, forwarded) if batch.num_seqs else None
+        except BaseException:
+            self._undo_schedule(batch)
+            self._pending_outputs.extend(self._abort_outputs(batch))
+            raise
+        t3 = time.perf_counter()
+        outputs, self._pending_outputs = self._pending_outputs, []
+        outputs += self._abort_outputs(batch)
+        if result is not None:
+            outputs += self._respond(self._update(batch, forwarded, result))
+            self.bm.free_finished()
+            self._account(t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
+        return outputs
+
+    def _step_overlap(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        items = None
+        if self._inflight is not None:  # step n-1: sampled last call; its C++ update is cheap
+            prev, self._inflight = self._inflight, None
+            items = self._update(*prev)
+            self.bm.free_finished()  # what ended by a stop condition left every batch
+        batch = self._schedule()
+        t1 = time.perf_counter()
+        future = self._pool.submit(self._forward, batch) if batch.num_seqs else None
+        # While the forward runs: step n-1's outputs (detokenization, stop strings).
+        outputs, self._pending_outputs = self._pending_outputs, []
+        if items is not None:
+            outputs += self._respond(items)
+        outputs += self._abort_outputs(batch)
+        t2 = time.perf_counter()
+        try:
+            forwarded = future.result() if future is not None else None  # the loop waits here
+            t3 = time.perf_counter()
+            result = self._sample(batch, forwarded) if future is not None else None
+        except BaseException:
+            self._undo_schedule(batch)
+            # `outputs` holds step n-1's and the aborts' outputs: the next step that succeeds delivers them
+            self._pending_outputs = outputs + self._pending_outputs
+            raise
+        if result is not None:
+            self._inflight = (batch, forwarded, result)
+            self._account(t1 - t0, t3 - t2, time.perf_counter() - t3, t2 - t1)
+        return outputs
+
+    # ---- schedule and its undo ------------------------------------------------------------------
+
+    def _schedule(self) -> Batch:
+        """The batch manager's schedule, the aborts it dropped, the sampler rows it seats."""
+        bm = self.bm
+        num_tokens, num_seqs, num_logits = bm.schedule(time.monotonic())
+        batch = Batch(num_tokens, num_seqs, num_logits, bm.events())
+        try:
+            self._seat_sampler_rows(batch.events)
+            if num_seqs and self.table.num_owed_prompt_logprobs:
+                batch.prompt_rows = self._prompt_logprob_rows(num_seqs)
+        except BaseException:
+            self._undo_schedule(batch)
+            self._pending_outputs.extend(self._abort_outputs(batch))
+            raise
+        return batch
+
+    def _undo_schedule(self, batch: Batch) -> None:
+        """A step failed: roll the schedule back (the aborts it dropped stay dropped; the caller
+        keeps their final outputs for the next step that succeeds)."""
+        if self.runner.is_cuda:  # the failed step's queued copies and kernels finish first:
+            self.runner.stream.synchronize()  # the next schedule rewrites the buffers they read
+        self._unseat_sampler_rows(batch.events)
+        self.bm.rollback()
+
+    def _seat_sampler_rows(self, events: dict) -> None:
+        """Releases the rows of paused/aborted requests, then sets up the newly seated ones (a
+        row is rewritten whole when seated, so no stale state is ever read)."""
+        sampler = self.sampler
+        for slot in events["paused_slots"] + events["aborted_slots"]:
+            if slot >= 0:
+                sampler.release_slot(slot)
+        for core_id, slot in zip(events["new_seated"], events["new_seated_slots"]):
+            self._init_sampler_row(self.table.records[core_id], slot)
+
+    def _unseat_sampler_rows(self, events: dict) -> None:
+        """Undoes _seat_sampler_rows for a step that failed (paused requests get their slots
+        back, so their rows are rebuilt from their tokens)."""
+        for slot in events["new_seated_slots"]:
+            self.sampler.release_slot(slot)
+        for core_id, slot in zip(events["paused"], events["paused_slots"]):
+            rec = self.table.records.get(core_id)
+            if rec is not None:
+                self._init_sampler_row(rec, slot)
+
+    def _init_sampler_row(self, rec: RequestRecord, slot: int) -> None:
+        self.sampler.init_slot(slot, rec.params, rec.prompt_token_ids, rec.token_ids, rec.stop_ids, rec.seed)
+
+    def _prompt_logprob_rows(self, num_seqs: int) -> PromptRows | None:
+        r = self.runner
+        records = [self.table.records.get(core_id) for core_id in r.request_ids[:num_seqs].tolist()]
+        return prompt_logprob_rows(records, r.query_start_loc[: num_seqs + 1].tolist(), r.seq_lens[:num_seqs].tolist())
+
+    # ---- forward, sample, update ----------------------------------------------------------------
+
+    def _forward(self, batch: Batch) -> Forwarded:
+        extra = None if batch.prompt_rows is None else batch.prompt_rows[0]
+        return self.runner.forward(batch.num_tokens, batch.num_seqs, batch.num_logits, extra)
+
+    def _sample(self, batch: Batch, forwarded: Forwarded) -> SampleResult:
+        """Samples the batch (padding rows too: their tokens go to the scratch row); changes no
+        state (_update commits it). On a GPU the tokens start their way to the host."""
+        result = self.sampler.sample(forwarded.logits[: forwarded.num_rows], forwarded.slots)
+        result.host_tokens, result.ready = self.runner.tokens_to_host(result.tokens)
+        return result
+
+    def _update(self, batch: Batch, forwarded: Forwarded, result: SampleResult) -> list[UpdateItem]:
+        """Commits a sampled step: sampler counters, the token buffer, the batch manager's update
+        (stop conditions). Requests it ended have their sampler rows released and metrics read
+        here, before free_finished() returns their slots."""
+        bm, sampler = self.bm, self.sampler
+        if result.ready is not None:
+            result.ready.synchronize()  # the step's tokens have reached the host
+        sampler.commit(result)
+        self.runner.record_tokens(forwarded, result.tokens)
+        bm.update_from_ptr(result.host_tokens.data_ptr(), batch.num_logits, time.monotonic())
+        if batch.prompt_rows is not None:
+            done = record_prompt_logprobs(forwarded.logits[forwarded.num_rows:], batch.prompt_rows[1])
+            self.table.num_owed_prompt_logprobs -= done
+        items: list[UpdateItem] = []
+        # each output names the logits row its token came from: a row whose request the caller
+        # ended after scheduling it (a stop string, with overlap) has no output
+        for core_id, token, done, reason, row in bm.step_outputs():
+            metrics = None
+            if done:
+                metrics = bm.request_metrics(core_id)
+                sampler.release_slot(metrics["seq_slot"])
+            items.append((core_id, token, reason, result.logprobs[row], metrics))
+        return items
+
+    # ---- respond --------------------------------------------------------------------------------
+
+    def _respond(self, items: list[UpdateItem]) -> list[RequestOutput]:
+        """Outputs of an updated step: text, stop strings (which end a request early), logprobs,
+        metrics."""
+        outputs = []
+        for core_id, token, reason, logprobs, metrics in items:
+            rec = self.table.records[core_id]
+            done = metrics is not None
+            new_text, stopped = rec.append_token(token, logprobs, final=done)
+            if stopped and not done:
+                now = time.monotonic()
+                if self.bm.finish_stopped(core_id, now):
+                    metrics = self.bm.request_metrics(core_id)
+                    self.sampler.release_slot(metrics["seq_slot"])
+                else:
+                    # Overlap: the caller aborted the request after this token was sampled, and
+                    # this step's schedule has already dropped it (slot and blocks are back).
+                    # The stop string came first, as it would have without overlap: the request
+                    # ends by it, and no abort output follows (_abort_outputs skips it).
+                    rec.metrics.finish_time = now
+                    self.table.remove(core_id)
+                    outputs.append(rec.output([token], new_text, True, "stop"))
+                    continue
+            if metrics is None:
+                outputs.append(rec.output([token], new_text, False, None))
+                continue
+            rec.metrics = metrics_from_core(metrics)
+            if not stopped and metrics["stop_token"] >= 0:
+                rec.stop_reason = metrics["stop_token"]
+            self.table.remove(core_id)
+            outputs.append(rec.output([token], new_text, True, "stop" if stopped else FINISH_REASONS[reason]))
+        return outputs
+
+    def _abort_outputs(self, batch: Batch) -> list[RequestOutput]:
+        """Final outputs of the requests the schedule dropped (after any output of theirs from
+        the step before, with overlap; none for one that step's stop string already ended)."""
+        outputs = []
+        for core_id in batch.events["aborted"]:
+            if core_id not in self.table:
+                continue
+            rec = self.table.remove(core_id)
+            rec.metrics.finish_time = time.monotonic()
+            outputs.append(rec.output([], "", True, "abort"))
+        return outputs
+
+    # ---- timings --------------------------------------------------------------------------------
+
+    def _account(self, schedule: float, forward: float, sample: float, update: float) -> None:
+        t = self._timings
+        t["schedule"] += schedule
+        t["forward"] += forward
+        t["sample"] += sample
+        t["update"] += update
+        t["steps"] += 1
+
+    def timings(self) -> dict[str, float]:
+        return dict(self._timings)
+
+    def reset_timings(self) -> None:
+        self._timings = dict.fromkeys(("schedule", "forward", "sample", "update", "steps"), 0.0)
