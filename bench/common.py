@@ -50,7 +50,7 @@ def _import_checkpoints():
         if name in sys.modules:
             return sys.modules[name]
         spec = importlib.util.spec_from_file_location(
-            name, REPO_ROOT / "pyengine" / "checkpoints.py"
+            name, REPO_ROOT / "pyengine" / "testing" / "checkpoints.py"
         )
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
