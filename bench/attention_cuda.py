@@ -1,4 +1,4 @@
-"""Micro-benchmark of the CUDA paged-attention kernels (pyengine.layers._attention_cuda); needs a GPU.
+"""Micro-benchmark of pyengine's CUDA paged-attention kernels; needs a GPU.
 
 Decode (flash-decoding): batch 64 x context {4k, 8k, 16k}, 16 query / 8 KV heads, head_dim 128,
 bf16, tokens_per_block 16, shuffled blocks. Reports achieved bandwidth = (bytes of K+V read +
@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+# The CUDA kernels' Python entry points (paged_attention, paged_attention_workspace,
+# architectures), used below only through this alias.
 from pyengine.layers import _attention_cuda as ck
 
 HEADS, KV_HEADS, HEAD_DIM, TPB = 16, 8, 128, 16

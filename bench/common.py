@@ -1,8 +1,9 @@
-"""Shared pieces of the benchmarks in bench/ (see /work/shared/BENCH.md).
+"""Common pieces of the benchmarks in bench/ (the workloads are defined in bench/README.md).
 
 - the benchmark model (``smollm-135m-shape``, random weights, built offline and cached),
-- the workloads' requests, generated exactly as BENCH.md says, from ``random.Random(0)``,
-- timing helpers (median of N runs),
+- the workloads' requests, generated exactly as bench/README.md defines them, from
+  ``random.Random(0)``,
+- timing functions (median of N runs),
 - the DRAM read-bandwidth measurement (sum over a 512 MB tensor, best of a few),
 - the Hugging Face transformers reference runner for W1 (static batches of 16, left
   padding, each batch running until its longest request is done).
@@ -50,7 +51,7 @@ def _import_checkpoints():
         if name in sys.modules:
             return sys.modules[name]
         spec = importlib.util.spec_from_file_location(
-            name, REPO_ROOT / "pyengine" / "checkpoints.py"
+            name, REPO_ROOT / "pyengine" / "testing" / "checkpoints.py"
         )
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
@@ -131,8 +132,9 @@ def machine_info() -> dict[str, Any]:
 
 def smollm_checkpoint(root: Path | str | None = None) -> Path:
     """The ``smollm-135m-shape`` checkpoint (fp32 weights, 498 MB), built once into the
-    checkpoint cache (``~/.cache/pyengine/checkpoints``) and reused. Both dtypes load it:
-    bf16 runs convert at load time."""
+    checkpoint cache (``root``, else ``$PYENGINE_CHECKPOINT_CACHE``, else
+    ``~/.cache/pyengine/checkpoints``) and reused. Both dtypes load it: bf16 runs convert
+    at load time."""
     return cached_checkpoint(SMOLLM_NAME, SMOLLM_135M_SHAPE, root=root)
 
 
@@ -172,7 +174,7 @@ def w1_requests(
     """W1: ``num_requests`` requests from ``random.Random(seed)``. For each request in
     turn: prompt length ``rng.randint(*prompt_len)`` (inclusive), output length
     ``rng.randint(*output_len)``, then the prompt's token ids, each
-    ``rng.randrange(vocab_size)``. Defaults are BENCH.md's (64, [32, 512], [16, 256])."""
+    ``rng.randrange(vocab_size)``. The defaults are W1's (64, [32, 512], [16, 256])."""
     rng = random.Random(seed)
     out = []
     for _ in range(num_requests):

@@ -1,31 +1,56 @@
 #!/usr/bin/env bash
-# The GPU checks of the CUDA backend, in one run (issue 7's acceptance 2).
+# The GPU checks of pyengine's CUDA backend in one command: build pyengine with its CUDA
+# kernels, run the GPU tests, run the two GPU benchmarks.
 #
-#   bash bench/gpu_check.sh prepare   # here, with network: the wheels the GPU machine lacks -> .whl/
-#   bash bench/gpu_check.sh run       # on the GPU machine (no network): build, test, benchmark
+#   bash bench/gpu_check.sh run       # on a machine with an NVIDIA GPU: bootstrap, build, test, benchmark
+#   bash bench/gpu_check.sh prepare   # optional, on a machine with network access: download the
+#                                     # build-only wheels into .whl/ for a GPU machine without it
 #
-# With this workplace's device tool: run(command="bash bench/gpu_check.sh run", carry=[".whl"],
-# timeout_s=540); the logs come back from $OUT.
-# `run` builds pyengine with its CUDA kernels for this GPU (sm_90a unless
-# PYENGINE_CUDA_ARCHITECTURES says otherwise), then runs, each under its own time limit:
-#   1. tests/test_cuda_build.py and tests/gpu/ (kernel tests against PyTorch, end-to-end
-#      greedy equality with transformers on the GPU, graphs on/off, overlap, fp8 KV, ...);
-#   2. bench/attention_cuda.py (decode attention bandwidth vs the GPU's, prefill vs SDPA);
-#   3. bench/gpu_throughput.py (W1 on a Qwen3-0.6B-shaped model vs transformers).
-# Logs and JSON go to $OUT (or ./gpu-check-out). The exit status is the tests'.
+# `run` needs: an NVIDIA GPU and driver, the CUDA toolkit (nvcc; also looked for in
+# /usr/local/cuda/bin), and a Python ($PYTHON, default python3) with a CUDA build of torch.
+# Everything else it finds or installs itself:
+#   0. build-only packages: the CUTLASS/CuTe headers (pip package nvidia-cutlass), and the
+#      build backend (scikit-build-core, cython, cython-cmake).
+#      - Fast path: if .whl/ holds wheels (made by `prepare`), they are installed from there,
+#        offline, into a folder of their own ($GPU_CHECK_DEPS, default build/gpu-check-deps),
+#        which is put on PYTHONPATH for this run only.
+#      - The CUTLASS headers are taken from $CUTLASS_INCLUDE_DIR or an installed
+#        nvidia-cutlass; if neither has them, nvidia-cutlass is pip installed (headers only,
+#        no dependencies) into that same folder.
+#      - If the build backend is importable, the build uses it (--no-build-isolation);
+#        otherwise pip fetches it into an isolated build environment.
+#   1. an editable pip install of this checkout with PYENGINE_CUDA=ON (build folder
+#      build/gpu), for this GPU's architecture: compute capability 9.0 -> 90a, otherwise
+#      its own (8.0 -> 80, 8.9 -> 89, ...); PYENGINE_CUDA_ARCHITECTURES overrides.
+#      Without .whl/ it installs ".[test]", so pip adds any missing runtime or test
+#      dependency (transformers, pytest, ...) and leaves those present as they are; with
+#      .whl/ (offline) it installs "." with --no-deps, so the Python must already have them.
+#   2. tests/test_cuda_build.py and tests/gpu/ (kernel tests against PyTorch, end-to-end
+#      greedy equality with transformers on the GPU, CUDA graphs on/off, overlap, fp8 KV, ...);
+#   3. bench/attention_cuda.py (decode attention bandwidth vs the GPU's, prefill vs SDPA);
+#   4. bench/gpu_throughput.py (W1 on a Qwen3-0.6B-shaped model vs transformers; see
+#      bench/README.md).
+# Each step runs under its own time limit. The log (gpu_check.log), the test report
+# (gpu_tests.xml) and the benchmarks' JSON go to $OUT, or ./gpu-check-out when OUT is unset.
+# Exit status: the tests'; 2 when a prerequisite is missing, 3 when the build fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
 PY="${PYTHON:-python3}"
+CUTLASS_PIN="nvidia-cutlass==4.2.0.0"
 
-if [[ "$mode" == prepare ]]; then
-  grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
-  mkdir -p .whl
-  # The GPU machine has Python 3.12, torch, transformers, cython and scikit-build-core; not these.
-  "$PY" -m pip download -q --no-deps -d .whl "nvidia-cutlass==4.2.0.0" "cython-cmake>=0.2"
-  ls -la .whl
-  exit 0
-fi
+case "$mode" in
+  prepare)
+    # Pure-Python wheels only, so they install on any Python version. cython (compiled
+    # wheels) is not among them: the GPU machine's Python must have it, or network access.
+    mkdir -p .whl
+    "$PY" -m pip download -q --no-deps -d .whl "$CUTLASS_PIN" "cython-cmake>=0.2" \
+      "scikit-build-core>=0.10" "pathspec>=0.10.1" "packaging>=21.3" tomli exceptiongroup || exit 2
+    ls -la .whl
+    exit 0 ;;
+  run) ;;
+  *) echo "usage: bash bench/gpu_check.sh [run|prepare]" >&2; exit 2 ;;
+esac
 
 out="${OUT:-$PWD/gpu-check-out}"
 mkdir -p "$out"
@@ -33,19 +58,81 @@ log="$out/gpu_check.log"
 exec > >(tee "$log") 2>&1
 export PYTHONUNBUFFERED=1
 echo "== $(date -u) on $(hostname)"
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv || true
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem,compute_cap --format=csv \
+  || echo "warning: nvidia-smi failed"
 
-echo "== carried wheels"
-"$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 2
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-export CUTLASS_INCLUDE_DIR=/tmp/site/cutlass_library/source/include
+echo "== prerequisites"
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"; then
+  echo "error: $PY has no CUDA build of torch; install one (https://pytorch.org) and rerun" >&2
+  exit 2
+fi
+if [[ -z "${CUDACXX:-}" ]] && ! command -v nvcc >/dev/null; then
+  if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+  else
+    echo "error: no CUDA compiler: put nvcc on PATH or set CUDACXX" >&2
+    exit 2
+  fi
+fi
+echo "nvcc: $(${CUDACXX:-nvcc} --version | tail -1)"
 
-echo "== build (CUDA ON)"
+deps="${GPU_CHECK_DEPS:-$PWD/build/gpu-check-deps}"
+mkdir -p "$deps"
+export PYTHONPATH="$deps${PYTHONPATH:+:$PYTHONPATH}"
+shopt -s nullglob
+wheels=(.whl/*.whl)
+shopt -u nullglob
+if (( ${#wheels[@]} )); then
+  echo "== build-only wheels from .whl/ (offline)"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$deps" "${wheels[@]}" || exit 2
+  project=(--no-deps -e .)  # offline: the Python must already have the runtime and test dependencies
+else
+  project=(-e ".[test]")    # pip installs whatever runtime or test dependency is missing
+fi
+
+echo "== CUTLASS headers"
+cutlass_dir() {  # prints the include folder of an importable nvidia-cutlass, if any
+  "$PY" -c "import importlib.util, os; s = importlib.util.find_spec('cutlass_library'); \
+print(os.path.join(list(s.submodule_search_locations)[0], 'source', 'include'))" 2>/dev/null
+}
+if [[ -n "${CUTLASS_INCLUDE_DIR:-}" && -f "$CUTLASS_INCLUDE_DIR/cute/tensor.hpp" ]]; then
+  :
+elif dir="$(cutlass_dir)" && [[ -f "$dir/cute/tensor.hpp" ]]; then
+  export CUTLASS_INCLUDE_DIR="$dir"
+else
+  echo "installing $CUTLASS_PIN (headers) into $deps"
+  "$PY" -m pip install -q --no-deps --no-compile --upgrade --target "$deps" "$CUTLASS_PIN" || exit 2
+  dir="$(cutlass_dir)"
+  [[ -f "$dir/cute/tensor.hpp" ]] || { echo "error: no cute/tensor.hpp under '$dir'" >&2; exit 2; }
+  export CUTLASS_INCLUDE_DIR="$dir"
+fi
+echo "CUTLASS_INCLUDE_DIR=$CUTLASS_INCLUDE_DIR"
+
+if "$PY" -c "import scikit_build_core, Cython, cython_cmake" 2>/dev/null; then
+  isolation=(--no-build-isolation)
+  echo "build backend: importable (no build isolation)"
+else
+  isolation=()
+  echo "build backend: not importable; pip fetches it into an isolated build environment"
+  (( ${#wheels[@]} )) && echo "warning: that needs network access; offline, install cython in $PY first"
+fi
+
+arch="${PYENGINE_CUDA_ARCHITECTURES:-}"
+if [[ -z "$arch" ]]; then
+  cap="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')"
+  case "$cap" in
+    90) arch=90a ;;
+    [0-9][0-9]|[0-9][0-9][0-9]) arch="$cap" ;;
+    *) arch=90a; echo "warning: compute capability unknown; building for sm_90a" ;;
+  esac
+fi
+
+echo "== build (CUDA ON, architectures $arch)"
 start=$(date +%s)
-# Editable, as in development: tests run from the source tree and import the built extension.
-CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$PY" -m pip install -q --no-build-isolation --no-deps -e . \
+# Editable: the tests run from the source tree and import the built extension.
+CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$PY" -m pip install -q ${isolation[@]+"${isolation[@]}"} "${project[@]}" \
   -C build-dir=build/gpu -C cmake.define.PYENGINE_CUDA=ON \
-  -C cmake.define.PYENGINE_CUDA_ARCHITECTURES="${PYENGINE_CUDA_ARCHITECTURES:-90a}" || exit 3
+  -C cmake.define.PYENGINE_CUDA_ARCHITECTURES="$arch" || exit 3
 echo "build: $(( $(date +%s) - start )) s"
 "$PY" -c "import pyengine.core._core as c; print('CUDA kernels built:', c._cuda_kernels_built(), c._cuda_architectures())" \
   || exit 3

@@ -1,8 +1,8 @@
 """W1 on a GPU: pyengine (CUDA graphs on, and off) against Hugging Face transformers'
 `generate` in static batches of 16, same GPU, same dtype (bf16), on a random-weight model of
 Qwen3-0.6B's shape (hidden 1024, 28 layers, 16 heads, 8 KV heads, head_dim 128, intermediate
-3072, vocab 151,936). Workload as BENCH.md's W1 (64 requests, prompts 32..512, outputs
-16..256, greedy, EOS ignored), token ids drawn from the model's vocabulary.
+3072, vocab 151,936). Workload: "W1 on a GPU" in bench/README.md (W1's 64 requests, prompts
+32..512, outputs 16..256, greedy, EOS ignored, token ids drawn from the model's vocabulary).
 
     python bench/gpu_throughput.py            # 3 runs each, median
     python bench/gpu_throughput.py --quick    # W1-quick, 1 run

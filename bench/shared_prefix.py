@@ -2,7 +2,7 @@
 
 32 requests sharing a 1,024-token system prompt, each with a distinct 32-token suffix and
 64 generated tokens (greedy, EOS ignored), all submitted at once, on the smollm-135m-shape
-model (see /work/shared/BENCH.md). Reports TTFT median and p90 and the total time for
+model (defined in bench/README.md). Reports TTFT median and p90 and the total time for
 reuse on and off, run alternately, medians over --runs, and the ratios (on / off).
 
     python bench/shared_prefix.py            # fp32, 3 runs

@@ -2,7 +2,7 @@
 
 64 requests from random.Random(0): random-token prompts of 32..512 tokens, 16..256
 generated tokens each (EOS ignored), greedy, on the random-weight smollm-135m-shape model
-(see /work/shared/BENCH.md). Both engines run in the same process, alternating run by run
+(defined in bench/README.md). Both engines run in the same process, alternating run by run
 (reference, pyengine, reference, pyengine, ...) so that machine noise hits both alike; each
 figure is the median of --runs runs, and the ratio is pyengine's median over the
 reference's.
