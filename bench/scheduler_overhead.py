@@ -54,7 +54,7 @@ def python_figures(steps: int = 2000) -> tuple[float, float]:
         bm.events()  # the schedule's events (aborted, paused, newly seated), as Engine.step reads them
         finished = bm.num_finished
         if read_events:  # what Engine.step() walks: one entry per request
-            for _rid, _tok, _done, _reason in bm.step_outputs():
+            for _rid, _tok, _done, _reason, _row in bm.step_outputs():
                 pass
         bm.free_finished()
         for _ in range(finished):

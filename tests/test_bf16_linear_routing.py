@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-import pyengine.models.llama as llama
+import pyengine.layers.linear as linear_layer
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
 from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS
 from pyengine.layers.linear import MAX_ROWS
@@ -27,8 +27,8 @@ def test_decode_linears_and_tied_lm_head_use_the_kernel(checkpoint_factory, monk
         calls.append((x.shape[0], w.data_ptr(), b is not None))
         return real(x, w, b, out)
 
-    real = llama.linear_bf16
-    monkeypatch.setattr(llama, "linear_bf16", spy)
+    real = linear_layer.linear_bf16
+    monkeypatch.setattr(linear_layer, "linear_bf16", spy)
     engine = Engine(model_dir, dtype="bfloat16", max_seq_len=128,
                     kv_cache_config=KvCacheConfig(max_tokens=512),
                     scheduler_config=SchedulerConfig(max_batch_size=2, max_num_tokens=64))

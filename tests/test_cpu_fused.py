@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
 from pyengine.layers import elementwise as ew
-from pyengine.models.llama import rms_norm, rotate_half
+from pyengine.layers.norm import rms_norm
+from pyengine.layers.rotary import rotate_half
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

@@ -24,7 +24,7 @@ from pyengine.config import EngineConfig
 from pyengine.core import CoreBatchManager
 from pyengine.dtypes import KV_CACHE_DTYPES
 from pyengine.engine.requests import load_tokenizer
-from pyengine.models import LlamaFamilyModel, ModelConfig
+from pyengine.models import LlamaFamilyModel, ModelConfig, model_class
 from pyengine.models.loader import load_tensors
 from pyengine.runtime.cuda_graphs import DecodeGraphs, check_graph_batch_sizes, default_graph_batch_sizes
 from pyengine.runtime.device import resolve_device
@@ -83,9 +83,10 @@ def start_engine(**engine_args: Any) -> EngineParts:
         parts.phases = phases
     with _phase(phases, "weights"):
         mc = parts.model_config
-        names, optional = LlamaFamilyModel.weight_names(mc)
+        cls = model_class(mc)
+        names, optional = cls.weight_names(mc)
         weights = load_tensors(parts.config.model, names, parts.config.dtype, optional)
-        model = LlamaFamilyModel(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device)
+        model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device)
     with _phase(phases, "kv_capacity"):
         parts.capacity = _kv_capacity(parts, model)
     with _phase(phases, "scheduler"):

@@ -1,5 +1,6 @@
-"""Torch-facing bf16 linear layer for few-row (decode) batches on CPUs without native bf16
-matmul, where torch's bf16 GEMV is emulated and compute-bound.
+"""Linear layers: `dense` routes a matmul to the fastest path that rounds as a bf16 GEMM does;
+`linear_bf16` is pyengine's bf16 GEMV / small-M GEMM for few-row (decode) batches on CPUs without
+native bf16 matmul, where torch's bf16 GEMV is emulated and compute-bound.
 
 ``linear_bf16(x, weight, bias)`` equals ``F.linear(x.float(), weight.float(),
 bias.float()).to(torch.bfloat16)`` up to the order of the fp32 additions: exact bf16 products,
@@ -13,9 +14,12 @@ from __future__ import annotations
 
 import torch
 
-import pyengine.core._core as _core
+import torch.nn.functional as F
 
-__all__ = ["linear_bf16", "MAX_ROWS", "isa"]
+import pyengine.core._core as _core
+from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS
+
+__all__ = ["dense", "linear_bf16", "MAX_ROWS", "isa"]
 
 #: Most rows of ``x`` that one call takes.
 MAX_ROWS: int = _core.LINEAR_BF16_MAX_ROWS
@@ -70,3 +74,17 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def isa() -> str:
     """The code path ``linear_bf16`` takes on this machine: ``"avx512"`` or ``"generic"``."""
     return _core._linear_bf16_isa()
+
+
+def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+          emulate_bf16: bool = False) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``. With `emulate_bf16` (bf16 weights on a CPU without bf16
+    instructions, where torch's bf16 GEMM is emulated and slow) the same rounding comes from
+    faster paths: for batches of several rows, an fp32 matmul on the bf16 values (products exact,
+    fp32 accumulation, the output rounded to bf16); for fewer rows (decode), `linear_bf16`, which
+    streams the weights at memory speed."""
+    if emulate_bf16 and x.shape[0] >= EMULATED_BF16_MIN_ROWS:
+        return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(torch.bfloat16)
+    if emulate_bf16 and x.shape[0] > 0:  # 1 .. EMULATED_BF16_MIN_ROWS - 1 rows
+        return linear_bf16(x.contiguous(), weight, bias)
+    return F.linear(x, weight, bias)
