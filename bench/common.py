@@ -38,25 +38,25 @@ import torch  # noqa: E402
 
 def _import_checkpoints():
     """``pyengine.testing.checkpoints``; if the package cannot be imported (its ``__init__``
-    needs the compiled extension, which may not be built), the same file loaded on its
-    own: it depends on nothing else in pyengine."""
+    needs the compiled extension, which may not be built), the ``pyengine/testing`` folder
+    loaded on its own as a package: it depends on nothing else in pyengine."""
     try:
         import pyengine.testing.checkpoints as mod
 
         return mod
     except ImportError:
+        import importlib
         import importlib.util
 
-        name = "_pyengine_checkpoints_standalone"
-        if name in sys.modules:
-            return sys.modules[name]
-        spec = importlib.util.spec_from_file_location(
-            name, REPO_ROOT / "pyengine" / "testing" / "checkpoints.py"
-        )
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-        return mod
+        name = "_pyengine_testing_standalone"
+        if name not in sys.modules:
+            folder = REPO_ROOT / "pyengine" / "testing"
+            spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                          submodule_search_locations=[str(folder)])
+            package = importlib.util.module_from_spec(spec)
+            sys.modules[name] = package
+            spec.loader.exec_module(package)
+        return importlib.import_module(name + ".checkpoints")
 
 
 checkpoints = _import_checkpoints()
@@ -239,7 +239,7 @@ def pyengine_bench_args(doc: str | None, argv: list[str] | None, runs: int = 3):
 
 
 def w1_engine(model_dir: Path, dtype: str, requests: list[Request], **engine_kwargs: Any):
-    """An engine for W1: 64 seats, 2,048-token budget, a pool for every request at once.
+    """An engine for W1: 64 sequence slots, 2,048-token budget, a pool for every request at once.
     Prefix reuse is off: benchmark runs repeat the same prompts, which reuse would skip."""
     from pyengine import Engine, KvCacheConfig, SchedulerConfig
 

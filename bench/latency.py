@@ -6,6 +6,7 @@ memory-bandwidth bound (parameter bytes / measured DRAM read bandwidth: at batch
 token reads every weight once). Medians of --runs.
 
     python bench/latency.py --dtype float32
+    python bench/latency.py --quick               # one timed run
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="one timed run (after the warm-up) instead of --runs")
     args = p.parse_args(argv)
+    if args.quick:
+        args.runs = 1
     set_threads(BENCH_THREADS)
     quiet_transformers()
     from pyengine import Engine, KvCacheConfig, SchedulerConfig

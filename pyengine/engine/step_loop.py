@@ -10,7 +10,7 @@ arrives one call later, identical to the plain loop's. Where the loop waits for 
 `future.result()` in `_step_overlap`.
 
 Atomic: if scheduling the sampler rows, the forward, the sampler or a user's logits processor
-raises, `_undo_schedule` rolls the batch manager back (`BatchManager::rollback`) and un-seats
+raises, `_undo_schedule` rolls the batch manager back (`BatchManager::rollback`) and releases
 the sampler rows, so the engine is as it was before the step; outputs already built (the
 previous step's, with overlap, and the aborts the schedule dropped) come with the next step that
 succeeds.
@@ -139,12 +139,12 @@ class StepLoop:
     # ---- schedule and its undo ------------------------------------------------------------------
 
     def _schedule(self) -> Batch:
-        """The batch manager's schedule, the aborts it dropped, the sampler rows it seats."""
+        """The batch manager's schedule, the aborts it dropped, the sampler rows of the requests it gave a slot."""
         bm = self.bm
         num_tokens, num_seqs, num_logits = bm.schedule(time.monotonic())
         batch = Batch(num_tokens, num_seqs, num_logits, bm.events())
         try:
-            self._seat_sampler_rows(batch.events)
+            self._assign_sampler_rows(batch.events)
             if num_seqs and self.table.num_owed_prompt_logprobs:
                 batch.prompt_rows = self._prompt_logprob_rows(num_seqs)
         except BaseException:
@@ -158,12 +158,12 @@ class StepLoop:
         keeps their final outputs for the next step that succeeds)."""
         if self.runner.is_cuda:  # the failed step's queued copies and kernels finish first:
             self.runner.stream.synchronize()  # the next schedule rewrites the buffers they read
-        self._unseat_sampler_rows(batch.events)
+        self._release_sampler_rows(batch.events)
         self.bm.rollback()
 
-    def _seat_sampler_rows(self, events: dict) -> None:
-        """Releases the rows of paused/aborted requests, then sets up the newly seated ones (a
-        row is rewritten whole when seated, so no stale state is ever read)."""
+    def _assign_sampler_rows(self, events: dict) -> None:
+        """Releases the rows of paused/aborted requests, then sets up those of requests that got a slot (a
+        row is rewritten whole when assigned, so no stale state is ever read)."""
         sampler = self.sampler
         for slot in events["paused_slots"] + events["aborted_slots"]:
             if slot >= 0:
@@ -171,8 +171,8 @@ class StepLoop:
         for core_id, slot in zip(events["new_seated"], events["new_seated_slots"]):
             self._init_sampler_row(self.table.records[core_id], slot)
 
-    def _unseat_sampler_rows(self, events: dict) -> None:
-        """Undoes _seat_sampler_rows for a step that failed (paused requests get their slots
+    def _release_sampler_rows(self, events: dict) -> None:
+        """Undoes _assign_sampler_rows for a step that failed (paused requests get their slots
         back, so their rows are rebuilt from their tokens)."""
         for slot in events["new_seated_slots"]:
             self.sampler.release_slot(slot)

@@ -3,7 +3,7 @@
 A decode step launches hundreds of small kernels; replaying them as one captured graph takes
 the launch overhead off the host. Graphs are captured once, after the KV pool is final, for a
 list of batch sizes; a decode batch of n rows runs the graph of the smallest size >= n, padded
-with rows that own no seat (pyengine/executor.py). Prefill and mixed batches, and decode
+with rows that own no sequence slot (pyengine/runtime/model_runner.py). Prefill and mixed batches, and decode
 batches larger than the largest size, run eagerly.
 
 Everything a graph reads lives at a fixed address: the runner's device metadata buffers, the

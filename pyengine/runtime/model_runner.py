@@ -7,7 +7,7 @@ device buffers of fixed address on the runner's execution stream; decode batches
 replay a captured CUDA graph (pyengine/cuda_graphs.py).
 
 Padding: a decode batch can be padded up to a larger size (the CUDA graph sizes). Padding
-rows own no seat: they read their input token from, and write their sampled token to, the
+rows own no sequence slot: they read their input token from, and write their sampled token to, the
 scratch row past the last slot, store no KV (slot -1) and attend to one cached position.
 """
 

@@ -183,7 +183,7 @@ class Sampler:
 
     def init_slot(self, slot: int, params: SamplingParams, prompt_ids: list[int], output_ids: list[int],
                   stop_ids: list[int], seed: int) -> None:
-        """Sets a newly seated request's row. `output_ids`: the tokens it generated so far
+        """Sets the row of a request that just got this slot. `output_ids`: the tokens it generated so far
         (non-empty for a paused request being recomputed, so that its counts and random
         counter continue); the list is kept and read by logits processors."""
         self.release_slot(slot)

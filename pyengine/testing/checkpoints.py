@@ -56,8 +56,9 @@ from typing import Any
 
 import torch
 
-from pyengine.testing.tokenizer import (BOS_TOKEN, CORPUS, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS,  # noqa: F401
-                                       UNK_TOKEN, build_tokenizer)
+# Relative: this package also loads on its own, without the compiled engine (bench/common.py).
+from .tokenizer import (BOS_TOKEN, CORPUS, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, UNK_TOKEN,  # noqa: F401
+                        build_tokenizer)
 
 __all__ = [
     "build_config",
