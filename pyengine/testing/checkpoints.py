@@ -299,19 +299,7 @@ def build_tiny_checkpoint(
     path: Path | str,
     model_type: str = "llama",
     *,
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    head_dim: int | None = None,
-    intermediate_size: int = 128,
     vocab_size: int = 512,
-    tie_word_embeddings: bool = False,
-    max_position_embeddings: int = 1024,
-    rope_theta: float = 10000.0,
-    rope_scaling: dict[str, Any] | None = None,
-    initializer_range: float = DEFAULT_INITIALIZER_RANGE,
-    rms_norm_eps: float = 1e-6,
     perturb_norms_and_biases: bool = True,
     dtype: torch.dtype | str = torch.float32,
     seed: int = 0,
@@ -319,9 +307,13 @@ def build_tiny_checkpoint(
     max_shard_size: int | str | None = None,
     with_tokenizer: bool = True,
     tokenizer_vocab_size: int | None = None,
+    **config: Any,
 ) -> Path:
     """Build a random-weight ``model_type`` checkpoint (llama, mistral, qwen2, qwen3) into
-    ``path`` and return ``path``.
+    ``path`` and return ``path``. ``config``: the shape and the rest of :func:`build_config`'s
+    keywords (hidden_size, num_layers, num_heads, num_kv_heads, head_dim, intermediate_size,
+    tie_word_embeddings, max_position_embeddings, rope_theta, rope_scaling,
+    initializer_range, rms_norm_eps).
 
     The Hugging Face ``*ForCausalLM`` is instantiated under ``torch.manual_seed(seed)``
     (deterministic for a given torch version), cast to ``dtype`` and written with
@@ -349,27 +341,10 @@ def build_tiny_checkpoint(
         bos_id, eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     else:
         bos_id, eos_id = SPECIAL_TOKENS.index(BOS_TOKEN), SPECIAL_TOKENS.index(EOS_TOKEN)
-    config = build_config(
-        model_type,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        intermediate_size=intermediate_size,
-        vocab_size=vocab_size,
-        tie_word_embeddings=tie_word_embeddings,
-        max_position_embeddings=max_position_embeddings,
-        rope_theta=rope_theta,
-        rope_scaling=rope_scaling,
-        initializer_range=initializer_range,
-        rms_norm_eps=rms_norm_eps,
-        bos_token_id=bos_id,
-        eos_token_id=eos_id,
-        dtype=dtype,
-    )
+    hf_config = build_config(model_type, vocab_size=vocab_size, bos_token_id=bos_id, eos_token_id=eos_id,
+                             dtype=dtype, **config)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     if perturb_norms_and_biases:
         _perturb_norms_and_biases(model)
     model = model.to(dtype).eval()
