@@ -16,7 +16,7 @@ void clear_events(StepEvents& e) {
   e.new_seated.clear();
   e.new_seated_slots.clear();
   e.output_request_ids.clear();
-  e.output_logits_rows.clear();
+  e.logits_rows.clear();
   e.tokens.clear();
   e.finished.clear();
   e.finish_reasons.clear();
@@ -305,7 +305,7 @@ void BatchManager::update(const TokenId* tokens, int32_t num_tokens, double now)
     const bool done = r->append_token(t, now);
     if (kv_.reuse_enabled()) r->update_block_keys(kv_.tokens_per_block());
     events_.output_request_ids.push_back(r->id);
-    events_.output_logits_rows.push_back(row);
+    events_.logits_rows.push_back(row);
     events_.tokens.push_back(t);
     events_.finished.push_back(done ? 1 : 0);
     events_.finish_reasons.push_back(static_cast<int32_t>(r->finish_reason));

@@ -97,7 +97,7 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         vector[int64_t] new_seated
         vector[int32_t] new_seated_slots
         vector[int64_t] output_request_ids
-        vector[int32_t] output_logits_rows
+        vector[int32_t] logits_rows
         vector[int32_t] tokens
         vector[uint8_t] finished
         vector[int32_t] finish_reasons
@@ -244,7 +244,7 @@ cdef class CoreBatchManager:
         cdef const StepEvents* e = &self.bm.events()
         cdef size_t i, n = e.output_request_ids.size()
         return [(e.output_request_ids[i], e.tokens[i], e.finished[i] != 0, e.finish_reasons[i],
-                 e.output_logits_rows[i]) for i in range(n)]
+                 e.logits_rows[i]) for i in range(n)]
 
     @property
     def num_finished(self) -> int:

@@ -112,7 +112,9 @@ class StepLoop:
         if self._inflight is not None:  # step n-1: sampled last call; its C++ update is cheap
             prev, self._inflight = self._inflight, None
             items = self._update(*prev)
-            self.bm.free_finished()  # what ended by a stop condition left every batch
+        # What ended by a stop condition has left every batch: what the update ended, and what a
+        # stop string ended during a step that then failed (nothing updates that one)
+        self.bm.free_finished()
         batch = self._schedule()
         t1 = time.perf_counter()
         future = self._pool.submit(self._forward, batch) if batch.num_seqs else None
@@ -178,7 +180,7 @@ class StepLoop:
             self.sampler.release_slot(slot)
         for core_id, slot in zip(events["paused"], events["paused_slots"]):
             rec = self.table.records.get(core_id)
-            if rec is not None:
+            if rec is not None and slot >= 0:  # paused before it ever held a slot: no row
                 self._init_sampler_row(rec, slot)
 
     def _init_sampler_row(self, rec: RequestRecord, slot: int) -> None:
@@ -240,7 +242,8 @@ class StepLoop:
                 now = time.monotonic()
                 if self.bm.finish_stopped(core_id, now):
                     metrics = self.bm.request_metrics(core_id)
-                    self.sampler.release_slot(metrics["seq_slot"])
+                    if metrics["seq_slot"] >= 0:  # none if this call's schedule paused it (overlap)
+                        self.sampler.release_slot(metrics["seq_slot"])
                 else:
                     # Overlap: the caller aborted the request after this token was sampled, and
                     # this step's schedule has already dropped it (slot and blocks are back).

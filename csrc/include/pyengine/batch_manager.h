@@ -66,7 +66,7 @@ struct StepEvents {
   // update(): one entry per request that produced a token, with the logits row it came from
   // (rows of requests the caller ended after scheduling them produce no entry).
   std::vector<RequestId> output_request_ids;
-  std::vector<int32_t> output_logits_rows;
+  std::vector<int32_t> logits_rows;
   std::vector<TokenId> tokens;
   std::vector<uint8_t> finished;
   std::vector<int32_t> finish_reasons;   // FinishReason values
