@@ -36,3 +36,25 @@ def hf_topk_agrees(model_dir: Path, prompt: list[int], generated: list[int], dty
         logits = model(ids).logits[0, len(prompt) - 1: -1].float()
     topk = logits.topk(k, dim=-1).indices
     return [i for i, t in enumerate(generated) if t not in topk[i].tolist()]
+
+
+def hf_teacher_forced_gaps(model_dir: Path, prompt: list[int], generated: list[int],
+                           noisy_dtype: torch.dtype = torch.bfloat16,
+                           device: str = "cpu") -> tuple[list[float], list[float]]:
+    """Per generated position, teacher-forced (one forward over prompt + generated), with
+    transformers in fp32 as the true model:
+
+    gaps[i]: fp32's top logit minus fp32's logit of generated[i], relative to the largest
+        |fp32 logit| at that position (0 where generated[i] is fp32's argmax);
+    noise[i]: how far transformers' own `noisy_dtype` forward over the same tokens moves that
+        position's logits, max_j |logit_j - fp32 logit_j|, relative to the same scale (the
+        noise measure of pyengine/checkpoints.py's "Logit margins")."""
+    ids = torch.tensor([prompt + generated], device=device)
+    with torch.inference_mode():
+        ref = hf_model(str(model_dir), torch.float32, device)(ids).logits[0, len(prompt) - 1: -1].double()
+        noisy = hf_model(str(model_dir), noisy_dtype, device)(ids).logits[0, len(prompt) - 1: -1].double()
+    scale = ref.abs().amax(dim=-1)
+    chosen = ref.gather(-1, torch.tensor(generated, device=device)[:, None])[:, 0]
+    gaps = (ref.amax(dim=-1) - chosen) / scale
+    noise = (noisy - ref).abs().amax(dim=-1) / scale
+    return gaps.tolist(), noise.tolist()

@@ -6,9 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
-from hf_reference import hf_greedy, hf_topk_agrees
+from hf_reference import hf_greedy, hf_teacher_forced_gaps
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
 from pyengine.testing.checkpoints import llama3_rope_scaling
 
@@ -69,24 +68,68 @@ def test_fp32_greedy_equals_transformers(variant, references):
         assert r.finish_reason == "length"
 
 
+#: A bf16 token may differ from the true (fp32) argmax only by a gap within this many times
+#: the bf16 noise at that position; see test_bf16_greedy_is_close_to_transformers.
+BF16_NEAR_TIE_NOISES = 3.0
+#: At most this fraction of bf16 tokens may differ from the true argmax (bf16 flips ~4%).
+BF16_MAX_FLIP_FRACTION = 1 / 8
+
+
 @pytest.mark.parametrize("bf16_matmul", ["native", "fp32"])
 @pytest.mark.parametrize("variant", ["llama_gqa", "qwen3"])
 def test_bf16_greedy_is_close_to_transformers(variant, checkpoint_factory, monkeypatch, bf16_matmul):
-    """bf16 rounding differs between implementations: each token we pick must be among
-    transformers' top-3 given the same prefix (vLLM's check_logprobs_close idea), and most
-    sequences must match exactly. Both bf16 matmul paths: torch's bf16 GEMM, and, as on CPUs
-    without bf16 instructions, fp32 GEMMs on bf16 values for batches of 16+ rows and
-    pyengine's bf16 kernel (fp32 accumulation) for fewer rows (decode)."""
+    """Per-step agreement under teacher forcing, with transformers in fp32 as the true model.
+
+    bf16 rounding differs between implementations and CPUs (GEMM kernels, accumulation
+    orders), and a sequence that flips on a near-tie diverges from there, so whole-sequence
+    equality with transformers' bf16 output depends on the machine. Instead transformers
+    scores the engine's own prefixes (one fp32 forward over prompt + generated tokens), and
+    at every generated position the engine's token must be the fp32 argmax or a near-tie
+    that bf16 rounding can flip:
+
+        gap <= BF16_NEAR_TIE_NOISES * noise
+
+    gap: fp32's top logit minus its logit of the engine's token, / max |fp32 logit| there.
+    noise: max_j |bf16 logit_j - fp32 logit_j| / max |fp32 logit|, for transformers' own
+    bf16 forward over the same tokens at that position: the bf16 noise measure that
+    pyengine/checkpoints.py documents ("Logit margins": median 0.023 at the default
+    initializer range).
+
+    Why 3: if bf16 moves each logit by at most eps (relative), the engine can prefer a token
+    t over the true argmax a only if gap <= |d_t - d_a| <= 2 eps. The engine's own eps is not
+    observable here; transformers' bf16 noise at the same position stands in for it (the
+    rounding error is set by that position's activations): engine eps / noise measured 0.55
+    .. 1.72, median 1.0. So 3 = 2 (two logits) x 1.5 (the stand-in). The tolerance is per
+    position, not one number, because the noise is: measured on an AVX2 EPYC without
+    AVX-512 (1024 positions per model and matmul path), median 0.023 (llama_gqa) /
+    0.017 (qwen3), up to 0.12. There 4.6% / 3.9% of the tokens are not the fp32 argmax (the
+    documented bf16 flip rate is 4.0%), all with gap <= 1.23 x noise (<= 0.026), and
+    |d_t - d_a| over fp32's top-6 tokens stayed <= 1.9 x noise. Real bugs move logits by far
+    more; positions of 256 beyond the tolerance with a bug put in a scratch run: k without
+    RoPE 184-238, decode positions off by one 66-110, decode missing its own key 32-34, decode
+    K/V not written 160-248, RoPE theta x2 128-164, and a subtle one, the final norm's
+    weights (1 + N(0, 0.1)) ignored, 5-6. Bugs of that subtle kind also flip more tokens: at
+    most BF16_MAX_FLIP_FRACTION of them may differ from the fp32 argmax (3x the bf16 rate;
+    the ignored final norm flips 13-19%).
+
+    Both bf16 matmul paths: torch's bf16 GEMM, and, as on CPUs without bf16 instructions,
+    fp32 GEMMs on bf16 values for batches of 16+ rows and pyengine's bf16 kernel (fp32
+    accumulation) for fewer rows (decode)."""
     monkeypatch.setenv("PYENGINE_BF16_MATMUL", bf16_matmul)
     model_dir = checkpoint_factory(variant, **VARIANTS[variant])
     prompts = make_prompts()
     engine, results = run_engine(model_dir, prompts, dtype="bfloat16")
     assert engine._runner.model.emulate_bf16 == (bf16_matmul == "fp32")
-    exact = 0
+    flips = positions = 0
     for p, r in zip(prompts, results):
-        assert hf_topk_agrees(model_dir, p, r.token_ids, torch.bfloat16, k=3) == []
-        exact += r.token_ids == hf_greedy(model_dir, p, NEW_TOKENS, torch.bfloat16)
-    assert exact >= len(prompts) // 2
+        assert len(r.token_ids) == NEW_TOKENS
+        gaps, noise = hf_teacher_forced_gaps(model_dir, p, r.token_ids)
+        beyond = [(i, round(g, 4), round(n, 4)) for i, (g, n) in enumerate(zip(gaps, noise))
+                  if g > BF16_NEAR_TIE_NOISES * n]
+        assert beyond == [], f"prompt of {len(p)} tokens: (position, gap, noise) beyond a bf16 near-tie: {beyond}"
+        flips += sum(g > 0 for g in gaps)
+        positions += len(gaps)
+    assert flips <= BF16_MAX_FLIP_FRACTION * positions, f"{flips} of {positions} tokens are not the fp32 argmax"
 
 
 @pytest.mark.parametrize("setup", [
