@@ -48,7 +48,7 @@ def hf_teacher_forced_gaps(model_dir: Path, prompt: list[int], generated: list[i
         |fp32 logit| at that position (0 where generated[i] is fp32's argmax);
     noise[i]: how far transformers' own `noisy_dtype` forward over the same tokens moves that
         position's logits, max_j |logit_j - fp32 logit_j|, relative to the same scale (the
-        noise measure of pyengine/checkpoints.py's "Logit margins")."""
+        noise measure of pyengine/testing/checkpoints.py's "Logit margins")."""
     ids = torch.tensor([prompt + generated], device=device)
     with torch.inference_mode():
         ref = hf_model(str(model_dir), torch.float32, device)(ids).logits[0, len(prompt) - 1: -1].double()
@@ -58,3 +58,26 @@ def hf_teacher_forced_gaps(model_dir: Path, prompt: list[int], generated: list[i
     gaps = (ref.amax(dim=-1) - chosen) / scale
     noise = (noisy - ref).abs().amax(dim=-1) / scale
     return gaps.tolist(), noise.tolist()
+
+
+#: A half-precision token may differ from the true (fp32) argmax only by a gap within this
+#: many times the half-precision noise at that position (see tests/test_correctness.py's
+#: test_bf16_greedy_is_close_to_transformers for the derivation).
+NEAR_TIE_NOISES = 3.0
+#: At most this fraction of half-precision tokens may differ from the true argmax (bf16 flips ~4%).
+MAX_FLIP_FRACTION = 1 / 8
+
+
+def near_tie_check(model_dir: Path, prompts: list[list[int]], outputs: list[list[int]],
+                   noisy_dtype: torch.dtype = torch.bfloat16, device: str = "cpu") -> tuple[list, int, int]:
+    """Teacher-forced agreement of half-precision greedy outputs with the fp32 model: (the
+    (prompt length, position, gap, noise) of every token beyond a near-tie, the number of tokens
+    that are not the fp32 argmax, the number of tokens)."""
+    beyond, flips, positions = [], 0, 0
+    for p, generated in zip(prompts, outputs):
+        gaps, noise = hf_teacher_forced_gaps(model_dir, p, generated, noisy_dtype, device)
+        beyond += [(len(p), i, round(g, 4), round(n, 4)) for i, (g, n) in enumerate(zip(gaps, noise))
+                   if g > NEAR_TIE_NOISES * n]
+        flips += sum(g > 0 for g in gaps)
+        positions += len(gaps)
+    return beyond, flips, positions

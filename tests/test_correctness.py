@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from hf_reference import hf_greedy, hf_teacher_forced_gaps
+from hf_reference import MAX_FLIP_FRACTION, hf_greedy, near_tie_check
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
 from pyengine.testing.checkpoints import llama3_rope_scaling
 
@@ -68,13 +68,6 @@ def test_fp32_greedy_equals_transformers(variant, references):
         assert r.finish_reason == "length"
 
 
-#: A bf16 token may differ from the true (fp32) argmax only by a gap within this many times
-#: the bf16 noise at that position; see test_bf16_greedy_is_close_to_transformers.
-BF16_NEAR_TIE_NOISES = 3.0
-#: At most this fraction of bf16 tokens may differ from the true argmax (bf16 flips ~4%).
-BF16_MAX_FLIP_FRACTION = 1 / 8
-
-
 @pytest.mark.parametrize("bf16_matmul", ["native", "fp32"])
 @pytest.mark.parametrize("variant", ["llama_gqa", "qwen3"])
 def test_bf16_greedy_is_close_to_transformers(variant, checkpoint_factory, monkeypatch, bf16_matmul):
@@ -87,12 +80,12 @@ def test_bf16_greedy_is_close_to_transformers(variant, checkpoint_factory, monke
     at every generated position the engine's token must be the fp32 argmax or a near-tie
     that bf16 rounding can flip:
 
-        gap <= BF16_NEAR_TIE_NOISES * noise
+        gap <= NEAR_TIE_NOISES * noise
 
     gap: fp32's top logit minus its logit of the engine's token, / max |fp32 logit| there.
     noise: max_j |bf16 logit_j - fp32 logit_j| / max |fp32 logit|, for transformers' own
     bf16 forward over the same tokens at that position: the bf16 noise measure that
-    pyengine/checkpoints.py documents ("Logit margins": median 0.023 at the default
+    pyengine/testing/checkpoints.py documents ("Logit margins": median 0.023 at the default
     initializer range).
 
     Why 3: if bf16 moves each logit by at most eps (relative), the engine can prefer a token
@@ -109,7 +102,7 @@ def test_bf16_greedy_is_close_to_transformers(variant, checkpoint_factory, monke
     RoPE 184-238, decode positions off by one 66-110, decode missing its own key 32-34, decode
     K/V not written 160-248, RoPE theta x2 128-164, and a subtle one, the final norm's
     weights (1 + N(0, 0.1)) ignored, 5-6. Bugs of that subtle kind also flip more tokens: at
-    most BF16_MAX_FLIP_FRACTION of them may differ from the fp32 argmax (3x the bf16 rate;
+    most MAX_FLIP_FRACTION of them may differ from the fp32 argmax (3x the bf16 rate;
     the ignored final norm flips 13-19%).
 
     Both bf16 matmul paths: torch's bf16 GEMM, and, as on CPUs without bf16 instructions,
@@ -120,16 +113,10 @@ def test_bf16_greedy_is_close_to_transformers(variant, checkpoint_factory, monke
     prompts = make_prompts()
     engine, results = run_engine(model_dir, prompts, dtype="bfloat16")
     assert engine._runner.model.emulate_bf16 == (bf16_matmul == "fp32")
-    flips = positions = 0
-    for p, r in zip(prompts, results):
-        assert len(r.token_ids) == NEW_TOKENS
-        gaps, noise = hf_teacher_forced_gaps(model_dir, p, r.token_ids)
-        beyond = [(i, round(g, 4), round(n, 4)) for i, (g, n) in enumerate(zip(gaps, noise))
-                  if g > BF16_NEAR_TIE_NOISES * n]
-        assert beyond == [], f"prompt of {len(p)} tokens: (position, gap, noise) beyond a bf16 near-tie: {beyond}"
-        flips += sum(g > 0 for g in gaps)
-        positions += len(gaps)
-    assert flips <= BF16_MAX_FLIP_FRACTION * positions, f"{flips} of {positions} tokens are not the fp32 argmax"
+    assert all(len(r.token_ids) == NEW_TOKENS for r in results)
+    beyond, flips, positions = near_tie_check(model_dir, prompts, [r.token_ids for r in results])
+    assert beyond == [], f"(prompt length, position, gap, noise) beyond a bf16 near-tie: {beyond}"
+    assert flips <= MAX_FLIP_FRACTION * positions, f"{flips} of {positions} tokens are not the fp32 argmax"
 
 
 @pytest.mark.parametrize("setup", [
