@@ -7,20 +7,22 @@ from libcpp cimport bool as cbool
 from libcpp.vector cimport vector
 
 
-cdef extern from "pyengine/waiting_queue.h" namespace "pyengine":
+cdef extern from "pyengine/types.h" namespace "pyengine":
     cpdef enum class QueuePolicy(int32_t):
         kFcfs
         kPriority
 
-
-cdef extern from "pyengine/types.h" namespace "pyengine":
     cpdef enum class CapacitySchedulerPolicy(int32_t):
         kGuaranteedNoEvict
         kMaxUtilization
         kStaticBatch
 
+    cpdef enum class RequestState(int32_t):
+        kWaiting
+        kContextInProgress
+        kGenerationInProgress
+        kFinished
 
-cdef extern from "pyengine/request.h" namespace "pyengine":
     cpdef enum class FinishReason(int32_t):
         kNone
         kEndId
@@ -28,38 +30,6 @@ cdef extern from "pyengine/request.h" namespace "pyengine":
         kLength
         kAbort
         kStopString
-
-    cdef cppclass CRequest "pyengine::Request":
-        int64_t id
-        vector[int32_t] tokens
-        int32_t prompt_len
-        int32_t context_pos
-        int32_t context_len
-        int32_t seq_slot
-        int32_t num_pauses
-        int32_t num_reused_tokens
-        double arrival_time
-        double first_scheduled_time
-        double first_token_time
-        double finish_time
-        int32_t stop_token
-
-
-cdef extern from "pyengine/kv_cache_manager.h" namespace "pyengine":
-    cdef cppclass KvCacheManager:
-        int32_t num_blocks()
-        int32_t num_free_blocks()
-        int32_t num_used_blocks()
-        int32_t num_reusable_blocks()
-        int32_t tokens_per_block()
-        const vector[int32_t]& block_table(int64_t) except +
-
-
-cdef extern from "pyengine/seq_slot_manager.h" namespace "pyengine":
-    cdef cppclass SeqSlotManager:
-        int32_t num_slots()
-        int32_t num_free()
-        void check_all_free() except +
 
 
 cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
@@ -101,6 +71,24 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         vector[uint8_t] finished
         vector[int32_t] finish_reasons
 
+    cdef cppclass RequestInfo:
+        int64_t id
+        RequestState state
+        int32_t seq_slot
+        int32_t prompt_len
+        int32_t num_generated
+        int32_t context_len
+        int32_t num_computed_tokens
+        int32_t num_blocks
+        int32_t num_pauses
+        int32_t num_reused_tokens
+        double arrival_time
+        double first_scheduled_time
+        double first_token_time
+        double finish_time
+        FinishReason finish_reason
+        int32_t stop_token
+
     cdef cppclass BatchManager:
         BatchManager(const BatchManagerConfig&) except +
         void add_request(int64_t, const int32_t*, int32_t, int32_t, int32_t, const vector[int32_t]&,
@@ -116,14 +104,20 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         int32_t num_requests()
         int32_t num_waiting()
         int32_t num_active()
+        cbool contains(int64_t)
+        RequestInfo request_info(int64_t) except +
+        vector[int32_t] block_table(int64_t) except +
         int64_t total_reused_tokens()
         int64_t num_reuse_hits()
-        cbool contains(int64_t)
-        const CRequest& request(int64_t) except +
+        int32_t num_blocks()
+        int32_t num_free_blocks()
+        int32_t num_reusable_blocks()
+        int32_t tokens_per_block()
+        int32_t num_seq_slots()
+        int32_t num_free_seq_slots()
+        void check_all_seq_slots_free() except +
         const ForwardMetadata& metadata()
         const StepEvents& events()
-        const KvCacheManager& kv_cache()
-        const SeqSlotManager& seq_slots()
         void check_invariants() except +
 
 
@@ -253,7 +247,8 @@ cdef class CoreBatchManager:
         return n
 
     def request_metrics(self, int64_t request_id) -> dict:
-        cdef const CRequest* r = &self.bm.request(request_id)
+        """The request's times and counters; raises IndexError for an unknown id."""
+        cdef RequestInfo r = self.bm.request_info(request_id)
         return {
             "arrival_time": r.arrival_time,
             "first_scheduled_time": r.first_scheduled_time,
@@ -266,7 +261,8 @@ cdef class CoreBatchManager:
         }
 
     def block_table(self, int64_t request_id) -> list:
-        return list(self.bm.kv_cache().block_table(request_id))
+        """The request's KV block ids; raises RuntimeError if it holds no block table."""
+        return list(self.bm.block_table(request_id))
 
     def contains(self, int64_t request_id) -> bool:
         return self.bm.contains(request_id)
@@ -278,7 +274,8 @@ cdef class CoreBatchManager:
         self.bm.check_invariants()
 
     def check_all_slots_free(self):
-        self.bm.seq_slots().check_all_free()
+        """Raises RuntimeError naming the holders if any sequence slot is still held."""
+        self.bm.check_all_seq_slots_free()
 
     @property
     def num_generation_seqs(self) -> int:
@@ -302,15 +299,15 @@ cdef class CoreBatchManager:
 
     @property
     def num_blocks(self) -> int:
-        return self.bm.kv_cache().num_blocks()
+        return self.bm.num_blocks()
 
     @property
     def num_free_blocks(self) -> int:
-        return self.bm.kv_cache().num_free_blocks()
+        return self.bm.num_free_blocks()
 
     @property
     def num_reusable_blocks(self) -> int:
-        return self.bm.kv_cache().num_reusable_blocks()
+        return self.bm.num_reusable_blocks()
 
     @property
     def total_reused_tokens(self) -> int:
@@ -322,8 +319,10 @@ cdef class CoreBatchManager:
 
     @property
     def num_slots(self) -> int:
-        return self.bm.seq_slots().num_slots()
+        """Sequence slots in the pool (C++ num_seq_slots())."""
+        return self.bm.num_seq_slots()
 
     @property
     def num_free_slots(self) -> int:
-        return self.bm.seq_slots().num_free()
+        """Sequence slots no request holds (C++ num_free_seq_slots())."""
+        return self.bm.num_free_seq_slots()

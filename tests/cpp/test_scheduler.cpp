@@ -69,8 +69,8 @@ TEST(no_evict_runs_the_second_request_after_the_first) {
   for (int it = 80; it < 160; ++it) CHECK_EQ(t.scheduled[it], Ids{1});
   CHECK_EQ(t.finished_at[0], 79);
   CHECK_EQ(t.finished_at[1], 159);
-  CHECK_EQ(bm.kv_cache().num_free_blocks(), 10);
-  CHECK_EQ(bm.seq_slots().num_free(), 2);
+  CHECK_EQ(bm.num_free_blocks(), 10);
+  CHECK_EQ(bm.num_free_seq_slots(), 2);
 }
 
 TEST(max_utilization_pauses_the_latest_and_recomputes_it) {
@@ -92,7 +92,7 @@ TEST(max_utilization_pauses_the_latest_and_recomputes_it) {
   CHECK_EQ(t.finished_at[1], 118);
   for (int it = 0; it < 119; ++it)
     if (it != 41) CHECK(t.paused[it].empty());
-  CHECK_EQ(bm.kv_cache().num_free_blocks(), 10);
+  CHECK_EQ(bm.num_free_blocks(), 10);
 }
 
 TEST(micro_batch_of_two_runs_four_requests_in_two_waves) {
