@@ -22,8 +22,8 @@ void clear_events(StepEvents& e) {
   e.aborted_slots.clear();
   e.paused.clear();
   e.paused_slots.clear();
-  e.new_seated.clear();
-  e.new_seated_slots.clear();
+  e.assigned.clear();
+  e.assigned_slots.clear();
   e.output_request_ids.clear();
   e.tokens.clear();
   e.finished.clear();
@@ -303,9 +303,9 @@ const ForwardMetadata& BatchManager::Impl::schedule(double now) {
 
   batch_ = micro_batch_.schedule(active_, kv_);
   for (Request* r : batch_)
-    if (r->seq_slot < 0) events_.new_seated.push_back(r->id);
+    if (r->seq_slot < 0) events_.assigned.push_back(r->id);
   resources_.prepare(batch_);
-  for (RequestId id : events_.new_seated) events_.new_seated_slots.push_back(requests_.at(id)->seq_slot);
+  for (RequestId id : events_.assigned) events_.assigned_slots.push_back(requests_.at(id)->seq_slot);
   for (Request* r : batch_)
     if (r->first_scheduled_time < 0) r->first_scheduled_time = now;
   fill_metadata(batch_);
@@ -400,22 +400,22 @@ void BatchManager::Impl::free_finished() {
 
 void BatchManager::Impl::check_invariants() const {
   kv_.check_invariants();
-  int32_t seated = 0;
+  int32_t holders = 0;  // requests that believe they hold a sequence slot
   for (const auto& kv : requests_) {
     const Request& r = *kv.second;
     if (r.is_finished() && std::find(finished_.begin(), finished_.end(), &r) == finished_.end())
       throw std::logic_error("finished request " + str(r.id) + " was not retired");
     if (r.seq_slot >= 0) {
-      ++seated;
+      ++holders;
       if (slots_.slot_of(r.id) != r.seq_slot)
-        throw std::logic_error("request " + str(r.id) + " believes it holds slot " + str(r.seq_slot));
+        throw std::logic_error("request " + str(r.id) + " believes it holds sequence slot " + str(r.seq_slot));
     }
     if (r.state == RequestState::kWaiting && (r.seq_slot >= 0 || kv_.has_sequence(r.id)))
       throw std::logic_error("waiting request " + str(r.id) + " holds resources");
   }
-  if (seated != slots_.num_slots() - slots_.num_free())
-    throw std::logic_error("slots held (" + str(slots_.num_slots() - slots_.num_free()) +
-                           ") differ from seated requests (" + str(seated) + ")");
+  if (holders != slots_.num_slots() - slots_.num_free())
+    throw std::logic_error("sequence slots held (" + str(slots_.num_slots() - slots_.num_free()) +
+                           ") differ from requests holding one (" + str(holders) + ")");
   if (kv_.num_sequences() > static_cast<int32_t>(active_.size()) + static_cast<int32_t>(finished_.size()))
     throw std::logic_error("more block tables than active requests");
 }

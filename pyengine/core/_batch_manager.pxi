@@ -64,8 +64,8 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         vector[int32_t] aborted_slots
         vector[int64_t] paused
         vector[int32_t] paused_slots
-        vector[int64_t] new_seated
-        vector[int32_t] new_seated_slots
+        vector[int64_t] assigned
+        vector[int32_t] assigned_slots
         vector[int64_t] output_request_ids
         vector[int32_t] tokens
         vector[uint8_t] finished
@@ -222,12 +222,14 @@ cdef class CoreBatchManager:
         self.bm.free_finished()
 
     def events(self) -> dict:
-        """What schedule() changed: aborted, paused and newly seated requests with their slots."""
+        """What schedule() changed: aborted, paused and newly assigned requests with their
+        sequence slots. (The keys "new_seated"/"new_seated_slots" are the Python side's names
+        of StepEvents::assigned/assigned_slots.)"""
         cdef const StepEvents* e = &self.bm.events()
         return {
             "aborted": e.aborted, "aborted_slots": e.aborted_slots,
             "paused": e.paused, "paused_slots": e.paused_slots,
-            "new_seated": e.new_seated, "new_seated_slots": e.new_seated_slots,
+            "new_seated": e.assigned, "new_seated_slots": e.assigned_slots,
         }
 
     def step_outputs(self):

@@ -37,7 +37,7 @@ TEST(metadata_describes_the_batch_exactly) {
   CHECK_EQ(m.block_tables[m.max_blocks_per_seq], 2);
   CHECK_EQ(head(m.logits_indices, 2), (std::vector<int32_t>{5, 8}));
   CHECK_EQ(head(m.seq_slots, 2), (std::vector<int32_t>{0, 1}));
-  CHECK_EQ(bm.events().new_seated, (std::vector<RequestId>{100, 200}));
+  CHECK_EQ(bm.events().assigned, (std::vector<RequestId>{100, 200}));
 
   std::vector<TokenId> sampled{50, 60};
   bm.update(sampled.data(), 2, 2.0);
@@ -174,7 +174,7 @@ TEST(abort_frees_a_waiting_a_prefilling_and_a_decoding_request) {
   std::vector<TokenId> shortp{1, 2}, longp(12, 3);
   bm.add_request(1, shortp.data(), 2, 8, -1, {}, 0, 0);
   bm.add_request(2, longp.data(), 12, 8, -1, {}, 0, 0);
-  bm.add_request(3, shortp.data(), 2, 8, -1, {}, 0, 0);  // waits: two seats
+  bm.add_request(3, shortp.data(), 2, 8, -1, {}, 0, 0);  // waits: two sequence slots
   const ForwardMetadata& m = bm.schedule(0);
   CHECK_EQ(m.num_seqs, 2);  // 1 whole, 2's first chunk (4 tokens)
   std::vector<TokenId> t(m.num_logits, 5);

@@ -1,7 +1,7 @@
 // A seeded random walk of 10,000+ operations (add, step with random tokens, abort) over
 // the batch manager, checking the pools' invariants after every step: every block free,
-// cached or owned; reference counts equal owning tables; no seat held by a finished
-// request; and everything back at the end.
+// cached or owned; reference counts equal owning tables; no sequence slot held by a
+// finished request; and everything back at the end.
 #include <random>
 #include <string>
 

@@ -241,7 +241,7 @@ TEST(prefix_aware_admission_waits_one_step_instead_of_computing_twice) {
   add(bm, 1, 50, 4);
   add(bm, 2, 30, 4, 0.5f, /*fill=*/8);  // another prefix: not held back
   Trace t = run(bm);
-  CHECK_EQ(t.scheduled[0], (Ids{0}));   // 1 waits for 0's blocks; 2 has no seat yet
+  CHECK_EQ(t.scheduled[0], (Ids{0}));   // 1 waits for 0's blocks; 2 has no sequence slot yet
   CHECK_EQ(t.scheduled[1], (Ids{0, 1}));
   CHECK_EQ(t.chunks[1], (std::vector<int32_t>{1, 10}));
   CHECK_EQ(bm.total_reused_tokens(), int64_t{40});

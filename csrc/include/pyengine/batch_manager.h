@@ -1,16 +1,17 @@
 // The batch manager: owns the requests, the waiting queue, the schedulers and the resource
-// managers (slots, KV cache blocks), and turns each step's decisions into the
+// managers (sequence slots, KV cache blocks), and turns each step's decisions into the
 // forward's metadata buffers. This is the C++ core's public face: an embedding application
 // includes this header (and pyengine/types.h, which it includes); the classes behind it are
 // private to the library.
 //
-// One step, driven by the caller (see DESIGN.md "One step"):
+// One step, driven by the caller (docs/architecture.md, "One step"):
 //   schedule(now)      drop aborted requests, admit/pause (capacity), pick the batch
-//                      (micro-batch), prepare resources (slots, then KV), fill metadata.
+//                      (micro-batch), prepare resources (sequence slots, then KV), fill the
+//                      metadata.
 //   ... the caller runs the forward and samples one token per logits row ...
 //   update(tokens, now) append tokens, apply stop conditions, record this step's outputs.
-//   free_finished()    retire finished requests: KV, then slot (reverse order). The caller
-//                      releases its own per-slot state (sampler) before calling it.
+//   free_finished()    retire finished requests: KV, then sequence slot (reverse order). The
+//                      caller releases its own per-slot state (sampler) before calling it.
 #pragma once
 
 #include <cstdint>
@@ -55,11 +56,11 @@ struct ForwardMetadata {
 // What a step changed, for the caller's outputs.
 struct StepEvents {
   std::vector<RequestId> aborted;        // dropped by schedule() (their resources are free)
-  std::vector<SlotId> aborted_slots;     // the slots they held (-1 if none)
+  std::vector<SlotId> aborted_slots;     // the sequence slots they held (-1 if none)
   std::vector<RequestId> paused;         // paused by schedule(), to be recomputed
-  std::vector<SlotId> paused_slots;
-  std::vector<RequestId> new_seated;     // got a slot in this schedule()
-  std::vector<SlotId> new_seated_slots;
+  std::vector<SlotId> paused_slots;      // the sequence slots they held
+  std::vector<RequestId> assigned;       // given a sequence slot by this schedule()
+  std::vector<SlotId> assigned_slots;    // the sequence slots they were given
   // update(): one entry per request that produced a token.
   std::vector<RequestId> output_request_ids;
   std::vector<TokenId> tokens;
@@ -134,12 +135,12 @@ class BatchManager {
   // flight that holds it is updated. Returns false (changing nothing) if the request is
   // unknown or not generating (an already finished one included).
   bool finish_request(RequestId id, FinishReason reason, double now);
-  // Retires the requests finished by the last update(): KV blocks, then slot.
+  // Retires the requests finished by the last update(): KV blocks, then sequence slot.
   void free_finished();
   // Undoes the last schedule() (but not the aborts it dropped, which stay dropped): the
   // caller's forward or sampling failed, and the engine must be as before the step —
-  // same requests in the same states, no seat or block changed hands. Valid between
-  // schedule() and update(); returns false (doing nothing) otherwise.
+  // same requests in the same states, no sequence slot or block changed hands. Valid
+  // between schedule() and update(); returns false (doing nothing) otherwise.
   bool rollback();
 
   // Returns true while any request is queued, running or finished but not yet retired.

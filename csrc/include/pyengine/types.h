@@ -13,7 +13,7 @@ using RequestId = int64_t;
 using SlotId = int32_t;   // a sequence slot: the row of every per-request array that lives across steps
 using BlockId = int32_t;  // a block of the paged KV cache
 
-// Thrown when a sequence slot is requested and every seat is taken.
+// Thrown when a sequence slot is requested and every sequence slot is taken.
 class NoFreeSeqSlotError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
