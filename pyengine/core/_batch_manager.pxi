@@ -1,7 +1,9 @@
-# Cython wrapper of pyengine::BatchManager (csrc/include/pyengine/batch_manager.h).
-# The forward metadata lives in C++ buffers allocated once; they are exposed as writable
-# memoryviews that the Python side wraps once with torch.frombuffer (zero copy).
+# Cython wrapper of pyengine::BatchManager (csrc/include/pyengine/batch_manager.h), through
+# the C++ core's public headers only. The forward metadata lives in C++ buffers allocated
+# once; they are exposed as writable buffers that the Python side wraps once with
+# torch.frombuffer (zero copy). Each buffer keeps its CoreBatchManager alive.
 
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libcpp cimport bool as cbool
 from libcpp.vector cimport vector
@@ -121,12 +123,56 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         void check_invariants() except +
 
 
-cdef object _i32_view(vector[int32_t]& v):
-    return <int32_t[:v.size()]> v.data()
+cdef class _OwnedBuffer:
+    """A writable 1-D buffer over memory that `owner` keeps alive (a C++ vector inside it).
+
+    memoryview(_OwnedBuffer) holds the _OwnedBuffer, which holds the owner: a tensor made with
+    torch.frombuffer from the memoryview keeps the owner (the CoreBatchManager) alive."""
+
+    cdef object owner
+    cdef char* data
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+    cdef Py_ssize_t itemsize
+    cdef const char* format  # a string literal (static)
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        view.buf = self.data
+        view.obj = self
+        view.len = self.shape[0] * self.itemsize
+        view.readonly = 0
+        view.itemsize = self.itemsize
+        view.ndim = 1
+        view.format = NULL  # what the consumer did not ask for is NULL (format NULL: bytes)
+        view.shape = NULL
+        view.strides = NULL
+        if (flags & PyBUF_FORMAT) == PyBUF_FORMAT:
+            view.format = <char*> self.format
+        if (flags & PyBUF_ND) == PyBUF_ND:
+            view.shape = self.shape
+        if (flags & PyBUF_STRIDES) == PyBUF_STRIDES:
+            view.strides = self.strides
+        view.suboffsets = NULL
+        view.internal = NULL
 
 
-cdef object _i64_view(vector[int64_t]& v):
-    return <int64_t[:v.size()]> v.data()
+cdef object _owned_view(object owner, void* data, size_t size, Py_ssize_t itemsize, const char* fmt):
+    cdef _OwnedBuffer b = _OwnedBuffer.__new__(_OwnedBuffer)
+    b.owner = owner
+    b.data = <char*> data
+    b.shape[0] = <Py_ssize_t> size
+    b.strides[0] = itemsize
+    b.itemsize = itemsize
+    b.format = fmt
+    return memoryview(b)
+
+
+cdef object _i32_view(object owner, vector[int32_t]& v):
+    return _owned_view(owner, v.data(), v.size(), sizeof(int32_t), b"i")
+
+
+cdef object _i64_view(object owner, vector[int64_t]& v):
+    return _owned_view(owner, v.data(), v.size(), sizeof(int64_t), b"q")
 
 
 QUEUE_POLICIES = {"fcfs": QueuePolicy.kFcfs, "priority": QueuePolicy.kPriority}
@@ -142,7 +188,7 @@ cdef class CoreBatchManager:
     """The C++ batch manager. See csrc/include/pyengine/batch_manager.h for the contract."""
 
     cdef BatchManager* bm
-    cdef readonly object buffers  # name -> memoryview over a C++ metadata buffer
+    cdef object __weakref__
 
     def __cinit__(self, *, int max_batch_size, int max_num_tokens, int max_seq_len,
                   int tokens_per_block, int num_blocks, int num_seq_slots=0,
@@ -165,23 +211,30 @@ cdef class CoreBatchManager:
         c.enable_block_reuse = enable_block_reuse
         c.queue_policy = <QueuePolicy> QUEUE_POLICIES[queue_policy]
         self.bm = new BatchManager(c)
-        cdef ForwardMetadata* m = <ForwardMetadata*> &self.bm.metadata()
-        self.buffers = {
-            "input_ids": _i32_view(m.input_ids),
-            "positions": _i32_view(m.positions),
-            "slot_mapping": _i32_view(m.slot_mapping),
-            "query_start_loc": _i32_view(m.query_start_loc),
-            "seq_lens": _i32_view(m.seq_lens),
-            "seq_slots": _i32_view(m.seq_slots),
-            "request_ids": _i64_view(m.request_ids),
-            "block_tables": _i32_view(m.block_tables),
-            "logits_indices": _i32_view(m.logits_indices),
-            "logits_slots": _i32_view(m.logits_slots),
-            "logits_request_ids": _i64_view(m.logits_request_ids),
-        }
 
     def __dealloc__(self):
         del self.bm
+
+    @property
+    def buffers(self) -> dict:
+        """Name -> writable memoryview over a C++ metadata buffer (zero copy: the buffers are
+        allocated once and never move). Each view, and a tensor made from it with
+        torch.frombuffer, keeps this manager alive. A new dict of views per access (the
+        manager does not hold its views, so no reference cycle): wrap them once."""
+        cdef ForwardMetadata* m = <ForwardMetadata*> &self.bm.metadata()
+        return {
+            "input_ids": _i32_view(self, m.input_ids),
+            "positions": _i32_view(self, m.positions),
+            "slot_mapping": _i32_view(self, m.slot_mapping),
+            "query_start_loc": _i32_view(self, m.query_start_loc),
+            "seq_lens": _i32_view(self, m.seq_lens),
+            "seq_slots": _i32_view(self, m.seq_slots),
+            "request_ids": _i64_view(self, m.request_ids),
+            "block_tables": _i32_view(self, m.block_tables),
+            "logits_indices": _i32_view(self, m.logits_indices),
+            "logits_slots": _i32_view(self, m.logits_slots),
+            "logits_request_ids": _i64_view(self, m.logits_request_ids),
+        }
 
     def add_request(self, int64_t request_id, const int32_t[::1] prompt, int max_new_tokens,
                     int end_id=-1, stop_token_ids=(), int min_new_tokens=0, double now=0.0,
