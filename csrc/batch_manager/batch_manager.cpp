@@ -1,7 +1,16 @@
 #include "pyengine/batch_manager.h"
 
 #include <algorithm>
+#include <deque>
 #include <string>
+#include <unordered_map>
+
+#include "batch_manager/request.h"
+#include "batch_manager/resource_manager.h"
+#include "batch_manager/scheduler.h"
+#include "batch_manager/seq_slot_manager.h"
+#include "batch_manager/waiting_queue.h"
+#include "kv_cache/kv_cache_manager.h"
 
 namespace pyengine {
 namespace {
@@ -13,8 +22,8 @@ void clear_events(StepEvents& e) {
   e.aborted_slots.clear();
   e.paused.clear();
   e.paused_slots.clear();
-  e.new_seated.clear();
-  e.new_seated_slots.clear();
+  e.assigned.clear();
+  e.assigned_slots.clear();
   e.output_request_ids.clear();
   e.logits_rows.clear();
   e.tokens.clear();
@@ -24,7 +33,68 @@ void clear_events(StepEvents& e) {
 
 }  // namespace
 
-BatchManager::BatchManager(const BatchManagerConfig& config)
+// The batch manager's state and logic; BatchManager forwards to it.
+struct BatchManager::Impl {
+  explicit Impl(const BatchManagerConfig& config);
+
+  void add_request(RequestId id, const TokenId* prompt, int32_t prompt_len, int32_t max_new_tokens,
+                   TokenId end_id, const std::vector<TokenId>& stop_token_ids, int32_t min_new_tokens,
+                   double now, float priority, uint64_t cache_salt);
+  bool abort_request(RequestId id);
+  bool remove_waiting(RequestId id);
+  const ForwardMetadata& schedule(double now);
+  void update(const TokenId* tokens, int32_t num_tokens, double now);
+  bool finish_request(RequestId id, FinishReason reason, double now);
+  void free_finished();
+  bool rollback();
+  const Request& request(RequestId id) const;  // throws std::out_of_range for an unknown id
+  std::vector<RequestId> waiting_ids() const;
+  std::vector<RequestId> active_ids() const;
+  void check_invariants() const;
+
+  void drop_aborted();
+  // Journals schedule()'s changes so that rollback() can undo them.
+  struct RequestSnapshot {
+    Request* r;
+    RequestState state;
+    int32_t context_len, context_pos, chunk_size, num_pauses, num_cached_blocks, num_reused_tokens;
+    SlotId seq_slot;
+    int64_t start_order;
+    double first_scheduled_time;
+  };
+  void snapshot(Request* r);
+  void begin_transaction();
+  void commit_transaction();
+  bool in_transaction_ = false;
+  std::vector<RequestSnapshot> snapshots_;
+  std::vector<Request*> saved_active_;
+  std::deque<Request*> saved_waiting_;
+  int64_t saved_start_counter_ = 0;
+  int64_t saved_reused_tokens_ = 0, saved_reuse_hits_ = 0;
+  void fill_metadata(const std::vector<Request*>& batch);
+  void remove_active(Request* r);
+
+  BatchManagerConfig config_;
+  KvCacheManager kv_;
+  SeqSlotManager slots_;
+  CapacityScheduler capacity_;
+  MicroBatchScheduler micro_batch_;
+  ResourceManager resources_;
+  KvCacheResourceManager* kv_resource_ = nullptr;  // owned by resources_
+
+  std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
+  WaitingQueue waiting_;
+  std::vector<Request*> active_;     // holding resources, in start order
+  std::vector<Request*> batch_;      // the last schedule()'s batch
+  std::vector<Request*> finished_;   // finished by the last update(), not yet freed
+  int64_t start_counter_ = 0;
+  bool abort_pending_ = false;
+
+  ForwardMetadata meta_;
+  StepEvents events_;
+};
+
+BatchManager::Impl::Impl(const BatchManagerConfig& config)
     : config_(config),
       kv_(config.num_blocks, config.tokens_per_block, config.enable_block_reuse),
       slots_(config.num_seq_slots > 0 ? config.num_seq_slots : config.max_batch_size),
@@ -54,10 +124,10 @@ BatchManager::BatchManager(const BatchManagerConfig& config)
   meta_.logits_request_ids.assign(B, 0);
 }
 
-void BatchManager::add_request(RequestId id, const TokenId* prompt, int32_t prompt_len,
-                               int32_t max_new_tokens, TokenId end_id,
-                               const std::vector<TokenId>& stop_token_ids, int32_t min_new_tokens,
-                               double now, float priority, uint64_t cache_salt) {
+void BatchManager::Impl::add_request(RequestId id, const TokenId* prompt, int32_t prompt_len,
+                                     int32_t max_new_tokens, TokenId end_id,
+                                     const std::vector<TokenId>& stop_token_ids, int32_t min_new_tokens,
+                                     double now, float priority, uint64_t cache_salt) {
   if (requests_.count(id)) throw std::invalid_argument("request_id " + str(id) + " is already in use");
   if (prompt_len <= 0 || prompt == nullptr) throw std::invalid_argument("prompt is empty");
   if (config_.vocab_size > 0)
@@ -96,7 +166,7 @@ void BatchManager::add_request(RequestId id, const TokenId* prompt, int32_t prom
   requests_.emplace(id, std::move(req));
 }
 
-bool BatchManager::abort_request(RequestId id) {
+bool BatchManager::Impl::abort_request(RequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end() || it->second->is_finished()) return false;
   it->second->abort_requested = true;
@@ -104,7 +174,7 @@ bool BatchManager::abort_request(RequestId id) {
   return true;
 }
 
-bool BatchManager::remove_waiting(RequestId id) {
+bool BatchManager::Impl::remove_waiting(RequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end() || it->second->state != RequestState::kWaiting || it->second->seq_slot >= 0 ||
       kv_.has_sequence(id))
@@ -114,29 +184,29 @@ bool BatchManager::remove_waiting(RequestId id) {
   return true;
 }
 
-const Request& BatchManager::request(RequestId id) const {
+const Request& BatchManager::Impl::request(RequestId id) const {
   auto it = requests_.find(id);
   if (it == requests_.end()) throw std::out_of_range("unknown request_id " + str(id));
   return *it->second;
 }
 
-std::vector<RequestId> BatchManager::waiting_ids() const {
+std::vector<RequestId> BatchManager::Impl::waiting_ids() const {
   std::vector<RequestId> ids;
   for (const Request* r : waiting_.requests()) ids.push_back(r->id);
   return ids;
 }
 
-std::vector<RequestId> BatchManager::active_ids() const {
+std::vector<RequestId> BatchManager::Impl::active_ids() const {
   std::vector<RequestId> ids;
   for (const Request* r : active_) ids.push_back(r->id);
   return ids;
 }
 
-void BatchManager::remove_active(Request* r) {
+void BatchManager::Impl::remove_active(Request* r) {
   active_.erase(std::remove(active_.begin(), active_.end(), r), active_.end());
 }
 
-void BatchManager::drop_aborted() {
+void BatchManager::Impl::drop_aborted() {
   if (!abort_pending_) return;
   abort_pending_ = false;
   std::vector<Request*> dropped;
@@ -153,13 +223,13 @@ void BatchManager::drop_aborted() {
   }
 }
 
-void BatchManager::snapshot(Request* r) {
+void BatchManager::Impl::snapshot(Request* r) {
   snapshots_.push_back({r, r->state, r->context_len, r->context_pos, r->chunk_size, r->num_pauses,
                         r->num_cached_blocks, r->num_reused_tokens, r->seq_slot, r->start_order,
                         r->first_scheduled_time});
 }
 
-void BatchManager::begin_transaction() {
+void BatchManager::Impl::begin_transaction() {
   commit_transaction();
   in_transaction_ = true;
   kv_.begin();
@@ -172,7 +242,7 @@ void BatchManager::begin_transaction() {
   for (Request* r : active_) snapshot(r);
 }
 
-void BatchManager::commit_transaction() {
+void BatchManager::Impl::commit_transaction() {
   if (!in_transaction_) return;
   in_transaction_ = false;
   kv_.commit();
@@ -180,7 +250,7 @@ void BatchManager::commit_transaction() {
   snapshots_.clear();
 }
 
-bool BatchManager::rollback() {
+bool BatchManager::Impl::rollback() {
   if (!in_transaction_) return false;
   in_transaction_ = false;
   kv_.rollback();
@@ -209,7 +279,7 @@ bool BatchManager::rollback() {
   return true;
 }
 
-const ForwardMetadata& BatchManager::schedule(double now) {
+const ForwardMetadata& BatchManager::Impl::schedule(double now) {
   clear_events(events_);
   drop_aborted();  // aborts are committed: they never come back
   begin_transaction();
@@ -234,16 +304,16 @@ const ForwardMetadata& BatchManager::schedule(double now) {
 
   batch_ = micro_batch_.schedule(active_, kv_);
   for (Request* r : batch_)
-    if (r->seq_slot < 0) events_.new_seated.push_back(r->id);
+    if (r->seq_slot < 0) events_.assigned.push_back(r->id);
   resources_.prepare(batch_);
-  for (RequestId id : events_.new_seated) events_.new_seated_slots.push_back(requests_.at(id)->seq_slot);
+  for (RequestId id : events_.assigned) events_.assigned_slots.push_back(requests_.at(id)->seq_slot);
   for (Request* r : batch_)
     if (r->first_scheduled_time < 0) r->first_scheduled_time = now;
   fill_metadata(batch_);
   return meta_;
 }
 
-void BatchManager::fill_metadata(const std::vector<Request*>& batch) {
+void BatchManager::Impl::fill_metadata(const std::vector<Request*>& batch) {
   const int32_t tpb = kv_.tokens_per_block();
   const int32_t mbps = meta_.max_blocks_per_seq;
   int32_t nt = 0, nl = 0, ngen = 0;
@@ -278,7 +348,7 @@ void BatchManager::fill_metadata(const std::vector<Request*>& batch) {
   meta_.num_logits = nl;
 }
 
-void BatchManager::update(const TokenId* tokens, int32_t num_tokens, double now) {
+void BatchManager::Impl::update(const TokenId* tokens, int32_t num_tokens, double now) {
   if (num_tokens != meta_.num_logits)
     throw std::invalid_argument("update() got " + str(num_tokens) + " tokens for " + str(meta_.num_logits) +
                                 " logits rows");
@@ -314,7 +384,7 @@ void BatchManager::update(const TokenId* tokens, int32_t num_tokens, double now)
   batch_.clear();
 }
 
-bool BatchManager::finish_request(RequestId id, FinishReason reason, double now) {
+bool BatchManager::Impl::finish_request(RequestId id, FinishReason reason, double now) {
   auto it = requests_.find(id);
   if (it == requests_.end() || !it->second->in_generation()) return false;
   it->second->finish(reason, now);
@@ -322,7 +392,7 @@ bool BatchManager::finish_request(RequestId id, FinishReason reason, double now)
   return true;
 }
 
-void BatchManager::free_finished() {
+void BatchManager::Impl::free_finished() {
   for (Request* r : finished_) {
     resources_.free(*r);
     remove_active(r);
@@ -331,26 +401,98 @@ void BatchManager::free_finished() {
   finished_.clear();
 }
 
-void BatchManager::check_invariants() const {
+void BatchManager::Impl::check_invariants() const {
   kv_.check_invariants();
-  int32_t seated = 0;
+  int32_t holders = 0;  // requests that believe they hold a sequence slot
   for (const auto& kv : requests_) {
     const Request& r = *kv.second;
     if (r.is_finished() && std::find(finished_.begin(), finished_.end(), &r) == finished_.end())
       throw std::logic_error("finished request " + str(r.id) + " was not retired");
     if (r.seq_slot >= 0) {
-      ++seated;
+      ++holders;
       if (slots_.slot_of(r.id) != r.seq_slot)
-        throw std::logic_error("request " + str(r.id) + " believes it holds slot " + str(r.seq_slot));
+        throw std::logic_error("request " + str(r.id) + " believes it holds sequence slot " + str(r.seq_slot));
     }
     if (r.state == RequestState::kWaiting && (r.seq_slot >= 0 || kv_.has_sequence(r.id)))
       throw std::logic_error("waiting request " + str(r.id) + " holds resources");
   }
-  if (seated != slots_.num_slots() - slots_.num_free())
-    throw std::logic_error("slots held (" + str(slots_.num_slots() - slots_.num_free()) +
-                           ") differ from seated requests (" + str(seated) + ")");
+  if (holders != slots_.num_slots() - slots_.num_free())
+    throw std::logic_error("sequence slots held (" + str(slots_.num_slots() - slots_.num_free()) +
+                           ") differ from requests holding one (" + str(holders) + ")");
   if (kv_.num_sequences() > static_cast<int32_t>(active_.size()) + static_cast<int32_t>(finished_.size()))
     throw std::logic_error("more block tables than active requests");
 }
+
+// ---- BatchManager: the public face, forwarding to Impl ----
+
+BatchManager::BatchManager(const BatchManagerConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+BatchManager::~BatchManager() = default;
+BatchManager::BatchManager(BatchManager&&) noexcept = default;
+BatchManager& BatchManager::operator=(BatchManager&&) noexcept = default;
+
+void BatchManager::add_request(RequestId id, const TokenId* prompt, int32_t prompt_len, int32_t max_new_tokens,
+                               TokenId end_id, const std::vector<TokenId>& stop_token_ids,
+                               int32_t min_new_tokens, double now, float priority, uint64_t cache_salt) {
+  impl_->add_request(id, prompt, prompt_len, max_new_tokens, end_id, stop_token_ids, min_new_tokens, now,
+                     priority, cache_salt);
+}
+bool BatchManager::abort_request(RequestId id) { return impl_->abort_request(id); }
+bool BatchManager::remove_waiting(RequestId id) { return impl_->remove_waiting(id); }
+const ForwardMetadata& BatchManager::schedule(double now) { return impl_->schedule(now); }
+void BatchManager::update(const TokenId* tokens, int32_t num_tokens, double now) {
+  impl_->update(tokens, num_tokens, now);
+}
+bool BatchManager::finish_request(RequestId id, FinishReason reason, double now) {
+  return impl_->finish_request(id, reason, now);
+}
+void BatchManager::free_finished() { impl_->free_finished(); }
+bool BatchManager::rollback() { return impl_->rollback(); }
+
+bool BatchManager::has_unfinished() const { return !impl_->requests_.empty(); }
+int32_t BatchManager::num_requests() const { return static_cast<int32_t>(impl_->requests_.size()); }
+int32_t BatchManager::num_waiting() const { return static_cast<int32_t>(impl_->waiting_.size()); }
+int32_t BatchManager::num_active() const { return static_cast<int32_t>(impl_->active_.size()); }
+bool BatchManager::contains(RequestId id) const { return impl_->requests_.count(id) != 0; }
+std::vector<RequestId> BatchManager::waiting_ids() const { return impl_->waiting_ids(); }
+std::vector<RequestId> BatchManager::active_ids() const { return impl_->active_ids(); }
+
+RequestInfo BatchManager::request_info(RequestId id) const {
+  const Request& r = impl_->request(id);
+  RequestInfo info;
+  info.id = r.id;
+  info.state = r.state;
+  info.seq_slot = r.seq_slot;
+  info.prompt_len = r.prompt_len;
+  info.num_generated = r.num_generated();
+  info.context_len = r.context_len;
+  info.num_computed_tokens = r.context_pos;
+  info.num_blocks = impl_->kv_.num_blocks_of(id);
+  info.num_pauses = r.num_pauses;
+  info.num_reused_tokens = r.num_reused_tokens;
+  info.arrival_time = r.arrival_time;
+  info.first_scheduled_time = r.first_scheduled_time;
+  info.first_token_time = r.first_token_time;
+  info.finish_time = r.finish_time;
+  info.finish_reason = r.finish_reason;
+  info.stop_token = r.stop_token;
+  return info;
+}
+
+std::vector<BlockId> BatchManager::block_table(RequestId id) const { return impl_->kv_.block_table(id); }
+
+int64_t BatchManager::total_reused_tokens() const { return impl_->kv_resource_->total_reused_tokens(); }
+int64_t BatchManager::num_reuse_hits() const { return impl_->kv_resource_->num_reuse_hits(); }
+int32_t BatchManager::num_blocks() const { return impl_->kv_.num_blocks(); }
+int32_t BatchManager::num_free_blocks() const { return impl_->kv_.num_free_blocks(); }
+int32_t BatchManager::num_reusable_blocks() const { return impl_->kv_.num_reusable_blocks(); }
+int32_t BatchManager::tokens_per_block() const { return impl_->kv_.tokens_per_block(); }
+int32_t BatchManager::num_seq_slots() const { return impl_->slots_.num_slots(); }
+int32_t BatchManager::num_free_seq_slots() const { return impl_->slots_.num_free(); }
+void BatchManager::check_all_seq_slots_free() const { impl_->slots_.check_all_free(); }
+
+const ForwardMetadata& BatchManager::metadata() const { return impl_->meta_; }
+const StepEvents& BatchManager::events() const { return impl_->events_; }
+const BatchManagerConfig& BatchManager::config() const { return impl_->config_; }
+void BatchManager::check_invariants() const { impl_->check_invariants(); }
 
 }  // namespace pyengine

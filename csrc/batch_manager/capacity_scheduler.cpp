@@ -1,4 +1,4 @@
-#include "pyengine/scheduler.h"
+#include "batch_manager/scheduler.h"
 
 #include <algorithm>
 #include <string>

@@ -1,8 +1,8 @@
-#include "pyengine/request.h"
+#include "batch_manager/request.h"
 
 #include <algorithm>
 
-#include "pyengine/kv_cache_manager.h"
+#include "kv_cache/kv_cache_manager.h"
 
 namespace pyengine {
 

@@ -1,4 +1,4 @@
-#include "pyengine/resource_manager.h"
+#include "batch_manager/resource_manager.h"
 
 #include <algorithm>
 

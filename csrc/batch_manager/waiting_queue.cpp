@@ -1,4 +1,4 @@
-#include "pyengine/waiting_queue.h"
+#include "batch_manager/waiting_queue.h"
 
 #include <algorithm>
 

@@ -36,7 +36,7 @@ int main() {
                   e.finished[i] ? " (finished)" : "");
     bm.free_finished();
   }
-  std::printf("free blocks %d of %d; reused tokens %lld\n", bm.kv_cache().num_free_blocks(),
-              bm.kv_cache().num_blocks(), static_cast<long long>(bm.total_reused_tokens()));
+  std::printf("free blocks %d of %d; reused tokens %lld\n", bm.num_free_blocks(), bm.num_blocks(),
+              static_cast<long long>(bm.total_reused_tokens()));
   return 0;
 }

@@ -1,26 +1,30 @@
-# Cython wrapper of pyengine::BatchManager (csrc/include/pyengine/batch_manager.h).
-# The forward metadata lives in C++ buffers allocated once; they are exposed as writable
-# memoryviews that the Python side wraps once with torch.frombuffer (zero copy).
+# Cython wrapper of pyengine::BatchManager (csrc/include/pyengine/batch_manager.h), through
+# the C++ core's public headers only. The forward metadata lives in C++ buffers allocated
+# once; they are exposed as writable buffers that the Python side wraps once with
+# torch.frombuffer (zero copy). Each buffer keeps its CoreBatchManager alive.
 
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libcpp cimport bool as cbool
 from libcpp.vector cimport vector
 
 
-cdef extern from "pyengine/waiting_queue.h" namespace "pyengine":
+cdef extern from "pyengine/types.h" namespace "pyengine":
     cpdef enum class QueuePolicy(int32_t):
         kFcfs
         kPriority
 
-
-cdef extern from "pyengine/types.h" namespace "pyengine":
     cpdef enum class CapacitySchedulerPolicy(int32_t):
         kGuaranteedNoEvict
         kMaxUtilization
         kStaticBatch
 
+    cpdef enum class RequestState(int32_t):
+        kWaiting
+        kContextInProgress
+        kGenerationInProgress
+        kFinished
 
-cdef extern from "pyengine/request.h" namespace "pyengine":
     cpdef enum class FinishReason(int32_t):
         kNone
         kEndId
@@ -28,38 +32,6 @@ cdef extern from "pyengine/request.h" namespace "pyengine":
         kLength
         kAbort
         kStopString
-
-    cdef cppclass CRequest "pyengine::Request":
-        int64_t id
-        vector[int32_t] tokens
-        int32_t prompt_len
-        int32_t context_pos
-        int32_t context_len
-        int32_t seq_slot
-        int32_t num_pauses
-        int32_t num_reused_tokens
-        double arrival_time
-        double first_scheduled_time
-        double first_token_time
-        double finish_time
-        int32_t stop_token
-
-
-cdef extern from "pyengine/kv_cache_manager.h" namespace "pyengine":
-    cdef cppclass KvCacheManager:
-        int32_t num_blocks()
-        int32_t num_free_blocks()
-        int32_t num_used_blocks()
-        int32_t num_reusable_blocks()
-        int32_t tokens_per_block()
-        const vector[int32_t]& block_table(int64_t) except +
-
-
-cdef extern from "pyengine/seq_slot_manager.h" namespace "pyengine":
-    cdef cppclass SeqSlotManager:
-        int32_t num_slots()
-        int32_t num_free()
-        void check_all_free() except +
 
 
 cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
@@ -94,13 +66,31 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         vector[int32_t] aborted_slots
         vector[int64_t] paused
         vector[int32_t] paused_slots
-        vector[int64_t] new_seated
-        vector[int32_t] new_seated_slots
+        vector[int64_t] assigned
+        vector[int32_t] assigned_slots
         vector[int64_t] output_request_ids
         vector[int32_t] logits_rows
         vector[int32_t] tokens
         vector[uint8_t] finished
         vector[int32_t] finish_reasons
+
+    cdef cppclass RequestInfo:
+        int64_t id
+        RequestState state
+        int32_t seq_slot
+        int32_t prompt_len
+        int32_t num_generated
+        int32_t context_len
+        int32_t num_computed_tokens
+        int32_t num_blocks
+        int32_t num_pauses
+        int32_t num_reused_tokens
+        double arrival_time
+        double first_scheduled_time
+        double first_token_time
+        double finish_time
+        FinishReason finish_reason
+        int32_t stop_token
 
     cdef cppclass BatchManager:
         BatchManager(const BatchManagerConfig&) except +
@@ -117,23 +107,73 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         int32_t num_requests()
         int32_t num_waiting()
         int32_t num_active()
+        cbool contains(int64_t)
+        RequestInfo request_info(int64_t) except +
+        vector[int32_t] block_table(int64_t) except +
         int64_t total_reused_tokens()
         int64_t num_reuse_hits()
-        cbool contains(int64_t)
-        const CRequest& request(int64_t) except +
+        int32_t num_blocks()
+        int32_t num_free_blocks()
+        int32_t num_reusable_blocks()
+        int32_t tokens_per_block()
+        int32_t num_seq_slots()
+        int32_t num_free_seq_slots()
+        void check_all_seq_slots_free() except +
         const ForwardMetadata& metadata()
         const StepEvents& events()
-        const KvCacheManager& kv_cache()
-        const SeqSlotManager& seq_slots()
         void check_invariants() except +
 
 
-cdef object _i32_view(vector[int32_t]& v):
-    return <int32_t[:v.size()]> v.data()
+cdef class _OwnedBuffer:
+    """A writable 1-D buffer over memory that `owner` keeps alive (a C++ vector inside it).
+
+    memoryview(_OwnedBuffer) holds the _OwnedBuffer, which holds the owner: a tensor made with
+    torch.frombuffer from the memoryview keeps the owner (the CoreBatchManager) alive."""
+
+    cdef object owner
+    cdef char* data
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+    cdef Py_ssize_t itemsize
+    cdef const char* format  # a string literal (static)
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        view.buf = self.data
+        view.obj = self
+        view.len = self.shape[0] * self.itemsize
+        view.readonly = 0
+        view.itemsize = self.itemsize
+        view.ndim = 1
+        view.format = NULL  # what the consumer did not ask for is NULL (format NULL: bytes)
+        view.shape = NULL
+        view.strides = NULL
+        if (flags & PyBUF_FORMAT) == PyBUF_FORMAT:
+            view.format = <char*> self.format
+        if (flags & PyBUF_ND) == PyBUF_ND:
+            view.shape = self.shape
+        if (flags & PyBUF_STRIDES) == PyBUF_STRIDES:
+            view.strides = self.strides
+        view.suboffsets = NULL
+        view.internal = NULL
 
 
-cdef object _i64_view(vector[int64_t]& v):
-    return <int64_t[:v.size()]> v.data()
+cdef object _owned_view(object owner, void* data, size_t size, Py_ssize_t itemsize, const char* fmt):
+    cdef _OwnedBuffer b = _OwnedBuffer.__new__(_OwnedBuffer)
+    b.owner = owner
+    b.data = <char*> data
+    b.shape[0] = <Py_ssize_t> size
+    b.strides[0] = itemsize
+    b.itemsize = itemsize
+    b.format = fmt
+    return memoryview(b)
+
+
+cdef object _i32_view(object owner, vector[int32_t]& v):
+    return _owned_view(owner, v.data(), v.size(), sizeof(int32_t), b"i")
+
+
+cdef object _i64_view(object owner, vector[int64_t]& v):
+    return _owned_view(owner, v.data(), v.size(), sizeof(int64_t), b"q")
 
 
 # The user-facing names of the C++ policies (pyengine.config validates against these).
@@ -150,7 +190,7 @@ cdef class CoreBatchManager:
     """The C++ batch manager. See csrc/include/pyengine/batch_manager.h for the contract."""
 
     cdef BatchManager* bm
-    cdef readonly object buffers  # name -> memoryview over a C++ metadata buffer
+    cdef object __weakref__
 
     def __cinit__(self, *, int max_batch_size, int max_num_tokens, int max_seq_len,
                   int tokens_per_block, int num_blocks, int num_seq_slots=0,
@@ -173,23 +213,30 @@ cdef class CoreBatchManager:
         c.enable_block_reuse = enable_block_reuse
         c.queue_policy = <QueuePolicy> QUEUE_POLICIES[queue_policy]
         self.bm = new BatchManager(c)
-        cdef ForwardMetadata* m = <ForwardMetadata*> &self.bm.metadata()
-        self.buffers = {
-            "input_ids": _i32_view(m.input_ids),
-            "positions": _i32_view(m.positions),
-            "slot_mapping": _i32_view(m.slot_mapping),
-            "query_start_loc": _i32_view(m.query_start_loc),
-            "seq_lens": _i32_view(m.seq_lens),
-            "seq_slots": _i32_view(m.seq_slots),
-            "request_ids": _i64_view(m.request_ids),
-            "block_tables": _i32_view(m.block_tables),
-            "logits_indices": _i32_view(m.logits_indices),
-            "logits_slots": _i32_view(m.logits_slots),
-            "logits_request_ids": _i64_view(m.logits_request_ids),
-        }
 
     def __dealloc__(self):
         del self.bm
+
+    @property
+    def buffers(self) -> dict:
+        """Name -> writable memoryview over a C++ metadata buffer (zero copy: the buffers are
+        allocated once and never move). Each view, and a tensor made from it with
+        torch.frombuffer, keeps this manager alive. A new dict of views per access (the
+        manager does not hold its views, so no reference cycle): wrap them once."""
+        cdef ForwardMetadata* m = <ForwardMetadata*> &self.bm.metadata()
+        return {
+            "input_ids": _i32_view(self, m.input_ids),
+            "positions": _i32_view(self, m.positions),
+            "slot_mapping": _i32_view(self, m.slot_mapping),
+            "query_start_loc": _i32_view(self, m.query_start_loc),
+            "seq_lens": _i32_view(self, m.seq_lens),
+            "seq_slots": _i32_view(self, m.seq_slots),
+            "request_ids": _i64_view(self, m.request_ids),
+            "block_tables": _i32_view(self, m.block_tables),
+            "logits_indices": _i32_view(self, m.logits_indices),
+            "logits_slots": _i32_view(self, m.logits_slots),
+            "logits_request_ids": _i64_view(self, m.logits_request_ids),
+        }
 
     def add_request(self, int64_t request_id, const int32_t[::1] prompt, int max_new_tokens,
                     int end_id=-1, stop_token_ids=(), int min_new_tokens=0, double now=0.0,
@@ -230,12 +277,13 @@ cdef class CoreBatchManager:
         self.bm.free_finished()
 
     def events(self) -> dict:
-        """What schedule() changed: aborted, paused and newly seated requests with their slots."""
+        """What schedule() changed: aborted, paused and newly assigned requests with their
+        sequence slots (StepEvents)."""
         cdef const StepEvents* e = &self.bm.events()
         return {
             "aborted": e.aborted, "aborted_slots": e.aborted_slots,
             "paused": e.paused, "paused_slots": e.paused_slots,
-            "new_seated": e.new_seated, "new_seated_slots": e.new_seated_slots,
+            "assigned": e.assigned, "assigned_slots": e.assigned_slots,
         }
 
     def step_outputs(self):
@@ -256,7 +304,8 @@ cdef class CoreBatchManager:
         return n
 
     def request_metrics(self, int64_t request_id) -> dict:
-        cdef const CRequest* r = &self.bm.request(request_id)
+        """The request's times and counters; raises IndexError for an unknown id."""
+        cdef RequestInfo r = self.bm.request_info(request_id)
         return {
             "arrival_time": r.arrival_time,
             "first_scheduled_time": r.first_scheduled_time,
@@ -269,7 +318,8 @@ cdef class CoreBatchManager:
         }
 
     def block_table(self, int64_t request_id) -> list:
-        return list(self.bm.kv_cache().block_table(request_id))
+        """The request's KV block ids; raises RuntimeError if it holds no block table."""
+        return list(self.bm.block_table(request_id))
 
     def contains(self, int64_t request_id) -> bool:
         return self.bm.contains(request_id)
@@ -281,7 +331,8 @@ cdef class CoreBatchManager:
         self.bm.check_invariants()
 
     def check_all_slots_free(self):
-        self.bm.seq_slots().check_all_free()
+        """Raises RuntimeError naming the holders if any sequence slot is still held."""
+        self.bm.check_all_seq_slots_free()
 
     @property
     def num_generation_seqs(self) -> int:
@@ -305,15 +356,15 @@ cdef class CoreBatchManager:
 
     @property
     def num_blocks(self) -> int:
-        return self.bm.kv_cache().num_blocks()
+        return self.bm.num_blocks()
 
     @property
     def num_free_blocks(self) -> int:
-        return self.bm.kv_cache().num_free_blocks()
+        return self.bm.num_free_blocks()
 
     @property
     def num_reusable_blocks(self) -> int:
-        return self.bm.kv_cache().num_reusable_blocks()
+        return self.bm.num_reusable_blocks()
 
     @property
     def total_reused_tokens(self) -> int:
@@ -325,8 +376,10 @@ cdef class CoreBatchManager:
 
     @property
     def num_slots(self) -> int:
-        return self.bm.seq_slots().num_slots()
+        """Sequence slots in the pool (C++ num_seq_slots())."""
+        return self.bm.num_seq_slots()
 
     @property
     def num_free_slots(self) -> int:
-        return self.bm.seq_slots().num_free()
+        """Sequence slots no request holds (C++ num_free_seq_slots())."""
+        return self.bm.num_free_seq_slots()

@@ -170,13 +170,13 @@ class StepLoop:
         for slot in events["paused_slots"] + events["aborted_slots"]:
             if slot >= 0:
                 sampler.release_slot(slot)
-        for core_id, slot in zip(events["new_seated"], events["new_seated_slots"]):
+        for core_id, slot in zip(events["assigned"], events["assigned_slots"]):
             self._init_sampler_row(self.table.records[core_id], slot)
 
     def _release_sampler_rows(self, events: dict) -> None:
         """Undoes _assign_sampler_rows for a step that failed (paused requests get their slots
         back, so their rows are rebuilt from their tokens)."""
-        for slot in events["new_seated_slots"]:
+        for slot in events["assigned_slots"]:
             self.sampler.release_slot(slot)
         for core_id, slot in zip(events["paused"], events["paused_slots"]):
             rec = self.table.records.get(core_id)

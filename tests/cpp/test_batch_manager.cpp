@@ -37,13 +37,13 @@ TEST(metadata_describes_the_batch_exactly) {
   CHECK_EQ(m.block_tables[m.max_blocks_per_seq], 2);
   CHECK_EQ(head(m.logits_indices, 2), (std::vector<int32_t>{5, 8}));
   CHECK_EQ(head(m.seq_slots, 2), (std::vector<int32_t>{0, 1}));
-  CHECK_EQ(bm.events().new_seated, (std::vector<RequestId>{100, 200}));
+  CHECK_EQ(bm.events().assigned, (std::vector<RequestId>{100, 200}));
 
   std::vector<TokenId> sampled{50, 60};
   bm.update(sampled.data(), 2, 2.0);
   CHECK_EQ(bm.events().output_request_ids, (std::vector<RequestId>{100, 200}));
-  CHECK_EQ(bm.request(100).first_token_time, 2.0);
-  CHECK_EQ(bm.request(100).first_scheduled_time, 1.0);
+  CHECK_EQ(bm.request_info(100).first_token_time, 2.0);
+  CHECK_EQ(bm.request_info(100).first_scheduled_time, 1.0);
   bm.free_finished();
 
   const ForwardMetadata& g = bm.schedule(3.0);  // both decode: the sampled token at its position
@@ -59,8 +59,8 @@ TEST(metadata_describes_the_batch_exactly) {
   CHECK_EQ(bm.events().finish_reasons[0], static_cast<int32_t>(FinishReason::kLength));
   bm.free_finished();
   CHECK(!bm.has_unfinished());
-  CHECK_EQ(bm.kv_cache().num_free_blocks(), 16);
-  bm.seq_slots().check_all_free();
+  CHECK_EQ(bm.num_free_blocks(), 16);
+  bm.check_all_seq_slots_free();
 }
 
 TEST(stop_conditions_end_id_stop_tokens_and_min_tokens) {
@@ -77,7 +77,7 @@ TEST(stop_conditions_end_id_stop_tokens_and_min_tokens) {
   CHECK_EQ(e.finished, (std::vector<uint8_t>{1, 1, 0}));
   CHECK_EQ(e.finish_reasons[0], static_cast<int32_t>(FinishReason::kEndId));
   CHECK_EQ(e.finish_reasons[1], static_cast<int32_t>(FinishReason::kStopToken));
-  CHECK_EQ(bm.request(2).stop_token, 8);
+  CHECK_EQ(bm.request_info(2).stop_token, 8);
   bm.free_finished();
   bm.schedule(1);
   std::vector<TokenId> t2{9};
@@ -102,8 +102,8 @@ TEST(the_caller_can_end_a_generating_request) {
   bm.free_finished();
   CHECK(!bm.contains(1));
   CHECK(bm.contains(2));
-  CHECK_EQ(bm.kv_cache().num_free_blocks(), 15);
-  CHECK_EQ(bm.seq_slots().num_free(), 3);
+  CHECK_EQ(bm.num_free_blocks(), 15);
+  CHECK_EQ(bm.num_free_seq_slots(), 3);
   bm.check_invariants();
 }
 
@@ -121,7 +121,7 @@ TEST(a_request_ended_while_its_next_step_is_in_flight_discards_that_token) {
   std::vector<TokenId> t2{7, 8};
   bm.update(t2.data(), 2, 2.0);
   CHECK_EQ(bm.events().output_request_ids, std::vector<RequestId>{2});  // 1's token 7 is discarded
-  CHECK_EQ(bm.request(1).tokens.size(), size_t{3});
+  CHECK_EQ(bm.request_info(1).prompt_len + bm.request_info(1).num_generated, 3);
   bm.free_finished();
   CHECK(!bm.contains(1));
   // A rollback never revives a request ended meanwhile.
@@ -129,7 +129,7 @@ TEST(a_request_ended_while_its_next_step_is_in_flight_discards_that_token) {
   bm.schedule(3);
   CHECK(bm.finish_request(2, FinishReason::kStopString, 3.0));
   CHECK(bm.rollback());
-  CHECK(bm.request(2).is_finished());
+  CHECK(bm.request_info(2).state == RequestState::kFinished);
   bm.free_finished();
   CHECK(!bm.contains(2));
   bm.check_invariants();
@@ -174,13 +174,13 @@ TEST(abort_frees_a_waiting_a_prefilling_and_a_decoding_request) {
   std::vector<TokenId> shortp{1, 2}, longp(12, 3);
   bm.add_request(1, shortp.data(), 2, 8, -1, {}, 0, 0);
   bm.add_request(2, longp.data(), 12, 8, -1, {}, 0, 0);
-  bm.add_request(3, shortp.data(), 2, 8, -1, {}, 0, 0);  // waits: two seats
+  bm.add_request(3, shortp.data(), 2, 8, -1, {}, 0, 0);  // waits: two sequence slots
   const ForwardMetadata& m = bm.schedule(0);
   CHECK_EQ(m.num_seqs, 2);  // 1 whole, 2's first chunk (4 tokens)
   std::vector<TokenId> t(m.num_logits, 5);
   bm.update(t.data(), m.num_logits, 0);
   bm.free_finished();
-  CHECK(bm.request(2).in_context());
+  CHECK(bm.request_info(2).state == RequestState::kContextInProgress);
   CHECK(bm.abort_request(1));  // decoding
   CHECK(bm.abort_request(2));  // mid-prefill
   CHECK(bm.abort_request(3));  // waiting
@@ -190,8 +190,68 @@ TEST(abort_frees_a_waiting_a_prefilling_and_a_decoding_request) {
   CHECK_EQ(bm.events().aborted_slots, (std::vector<SlotId>{0, 1, -1}));
   CHECK_EQ(bm.metadata().num_seqs, 0);
   CHECK(!bm.has_unfinished());
-  CHECK_EQ(bm.kv_cache().num_free_blocks(), c.num_blocks);
-  bm.seq_slots().check_all_free();
+  CHECK_EQ(bm.num_free_blocks(), c.num_blocks);
+  bm.check_all_seq_slots_free();
+}
+
+TEST(the_public_accessors_report_a_request_and_the_pools) {
+  BatchManagerConfig c = small_config();
+  c.num_seq_slots = 3;
+  BatchManager bm(c);
+  CHECK_EQ(bm.num_blocks(), 16);
+  CHECK_EQ(bm.tokens_per_block(), 4);
+  CHECK_EQ(bm.num_seq_slots(), 3);
+  CHECK_EQ(bm.num_free_seq_slots(), 3);
+  CHECK_THROWS(bm.request_info(7), std::out_of_range, "unknown request_id 7");
+  CHECK_THROWS(bm.block_table(7), std::logic_error, "request 7 has no block table");
+
+  std::vector<TokenId> p{1, 2, 3, 4, 5, 6};
+  bm.add_request(7, p.data(), 6, 3, /*end_id=*/9, {}, 0, 0.5);
+  RequestInfo w = bm.request_info(7);
+  CHECK(w.state == RequestState::kWaiting);
+  CHECK_EQ(w.id, RequestId{7});
+  CHECK_EQ(w.seq_slot, -1);
+  CHECK_EQ(w.prompt_len, 6);
+  CHECK_EQ(w.num_generated, 0);
+  CHECK_EQ(w.context_len, 6);
+  CHECK_EQ(w.num_computed_tokens, 0);
+  CHECK_EQ(w.num_blocks, 0);
+  CHECK_EQ(w.arrival_time, 0.5);
+  CHECK_EQ(w.first_scheduled_time, -1.0);
+  CHECK_THROWS(bm.block_table(7), std::logic_error, "has no block table");  // queued: holds none
+
+  bm.schedule(1.0);
+  CHECK_EQ(bm.block_table(7), (std::vector<BlockId>{0, 1}));
+  CHECK_EQ(bm.num_free_blocks(), 14);
+  CHECK_EQ(bm.num_free_seq_slots(), 2);
+  CHECK_THROWS(bm.check_all_seq_slots_free(), std::logic_error, "1 sequence slot(s) still held: 7->0");
+  std::vector<TokenId> t{4};
+  bm.update(t.data(), 1, 2.0);
+  RequestInfo g = bm.request_info(7);
+  CHECK(g.state == RequestState::kGenerationInProgress);
+  CHECK_EQ(g.seq_slot, 0);
+  CHECK_EQ(g.num_generated, 1);
+  CHECK_EQ(g.num_computed_tokens, 6);
+  CHECK_EQ(g.num_blocks, 2);
+  CHECK_EQ(g.first_scheduled_time, 1.0);
+  CHECK_EQ(g.first_token_time, 2.0);
+
+  bm.schedule(3.0);
+  std::vector<TokenId> end{9};
+  bm.update(end.data(), 1, 4.0);
+  RequestInfo f = bm.request_info(7);  // finished, not yet retired
+  CHECK(f.state == RequestState::kFinished);
+  CHECK(f.finish_reason == FinishReason::kEndId);
+  CHECK_EQ(f.stop_token, 9);
+  CHECK_EQ(f.finish_time, 4.0);
+  bm.free_finished();
+  CHECK_THROWS(bm.request_info(7), std::out_of_range, "unknown request_id 7");
+  CHECK_EQ(bm.num_free_blocks(), 16);
+  bm.check_all_seq_slots_free();
+
+  BatchManager moved(std::move(bm));  // the state moves; the metadata buffers stay put
+  CHECK_EQ(moved.num_seq_slots(), 3);
+  CHECK(!moved.has_unfinished());
 }
 
 TEST_MAIN()

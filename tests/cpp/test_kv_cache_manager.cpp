@@ -1,4 +1,4 @@
-#include "pyengine/kv_cache_manager.h"
+#include "kv_cache/kv_cache_manager.h"
 #include "test_harness.h"
 
 using namespace pyengine;

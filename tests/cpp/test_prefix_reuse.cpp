@@ -1,6 +1,7 @@
 // Prefix reuse with exact block ids: the KV manager alone, and driven by the batch manager.
 #include <numeric>
 
+#include "kv_cache/kv_cache_manager.h"
 #include "pyengine/batch_manager.h"
 #include "test_harness.h"
 
@@ -40,7 +41,7 @@ std::vector<int32_t> run_alone(BatchManager& bm, RequestId id, const std::vector
   for (int step = 0; bm.has_unfinished(); ++step) {
     const ForwardMetadata& m = bm.schedule(step);
     if (step == 0) first_positions.assign(m.positions.begin(), m.positions.begin() + m.num_tokens);
-    if (table) *table = bm.kv_cache().block_table(id);
+    if (table) *table = bm.block_table(id);
     std::vector<TokenId> t(m.num_logits, 99);
     bm.update(t.data(), m.num_logits, step);
     bm.free_finished();
@@ -57,20 +58,20 @@ TEST(same_prompt_reuses_its_full_blocks_and_recomputes_the_last_token) {
   std::vector<BlockId> table;
   run_alone(bm, 1, prompt, 2, &table);
   CHECK_EQ(table, (std::vector<BlockId>{0, 1, 2}));
-  CHECK_EQ(bm.kv_cache().num_free_blocks(), 8);
-  CHECK_EQ(bm.kv_cache().num_reusable_blocks(), 2);  // blocks 0 and 1 are full; 2 is not
+  CHECK_EQ(bm.num_free_blocks(), 8);
+  CHECK_EQ(bm.num_reusable_blocks(), 2);  // blocks 0 and 1 are full; 2 is not
 
   std::vector<int32_t> positions = run_alone(bm, 2, prompt, 2, &table);
   CHECK_EQ(table, (std::vector<BlockId>{0, 1, 3}));  // a new block from the head of the queue
   CHECK_EQ(positions, std::vector<int32_t>{8});       // starts at context position 8
   CHECK_EQ(bm.total_reused_tokens(), int64_t{8});
-  CHECK_EQ(bm.kv_cache().num_free_blocks(), 8);
+  CHECK_EQ(bm.num_free_blocks(), 8);
 
   positions = run_alone(bm, 3, iota_tokens(5), 1, &table);  // a 5-token prefix
   CHECK_EQ(table[0], 0);
   CHECK(table.size() == 2 && table[1] != 1);           // only block 0 is reused
   CHECK_EQ(positions, (std::vector<int32_t>{4}));
-  CHECK_EQ(bm.kv_cache().num_free_blocks(), 8);
+  CHECK_EQ(bm.num_free_blocks(), 8);
   CHECK_EQ(bm.num_reuse_hits(), int64_t{2});
 }
 

@@ -1,7 +1,7 @@
 // A seeded random walk of 10,000+ operations (add, step with random tokens, abort) over
 // the batch manager, checking the pools' invariants after every step: every block free,
-// cached or owned; reference counts equal owning tables; no seat held by a finished
-// request; and everything back at the end.
+// cached or owned; reference counts equal owning tables; no sequence slot held by a
+// finished request; and everything back at the end.
 #include <random>
 #include <string>
 
@@ -18,16 +18,17 @@ std::string observable_state(const BatchManager& bm) {
   for (RequestId id : bm.waiting_ids()) out += " " + std::to_string(id);
   out += " | active:";
   for (RequestId id : bm.active_ids()) {
-    const Request& r = bm.request(id);
+    const RequestInfo r = bm.request_info(id);
     out += " " + std::to_string(id) + "(s" + std::to_string(static_cast<int>(r.state)) + " p" +
-           std::to_string(r.context_pos) + " l" + std::to_string(r.context_len) + " slot" +
-           std::to_string(r.seq_slot) + " pauses" + std::to_string(r.num_pauses) + " blocks";
-    if (bm.kv_cache().has_sequence(id))
-      for (BlockId b : bm.kv_cache().block_table(id)) out += "," + std::to_string(b);
+           std::to_string(r.num_computed_tokens) + " l" + std::to_string(r.context_len) + " slot" +
+           std::to_string(r.seq_slot) + " pauses" + std::to_string(r.num_pauses) + " reused" +
+           std::to_string(r.num_reused_tokens) + " t" + std::to_string(r.first_scheduled_time) + " blocks";
+    if (r.num_blocks > 0)
+      for (BlockId b : bm.block_table(id)) out += "," + std::to_string(b);
     out += ")";
   }
-  out += " | free " + std::to_string(bm.kv_cache().num_free_blocks()) + " slots " +
-         std::to_string(bm.seq_slots().num_free()) + " reused " + std::to_string(bm.total_reused_tokens());
+  out += " | free " + std::to_string(bm.num_free_blocks()) + " slots " +
+         std::to_string(bm.num_free_seq_slots()) + " reused " + std::to_string(bm.total_reused_tokens());
   return out;
 }
 
@@ -76,18 +77,18 @@ void walk(CapacitySchedulerPolicy policy, QueuePolicy queue, bool chunked, uint3
       if (!abort_pending && uni(0, 4) == 0) {  // a failed forward: schedule, then roll back
         // (aborts are committed by schedule() whatever happens next, so compare without them)
         const std::string before = observable_state(bm);
-        const int32_t reusable = bm.kv_cache().num_reusable_blocks();
+        const int32_t reusable = bm.num_reusable_blocks();
         bm.schedule(ops);
         CHECK(bm.rollback());
         CHECK(!bm.rollback());
         CHECK_EQ(observable_state(bm), before);
-        CHECK(bm.kv_cache().num_reusable_blocks() <= reusable);  // evictions stay evicted
+        CHECK(bm.num_reusable_blocks() <= reusable);  // evictions stay evicted
         bm.check_invariants();
       }
       const ForwardMetadata& m = bm.schedule(ops);
       abort_pending = false;
       for (int s = 0; s < m.num_seqs; ++s)
-        CHECK(bm.request(m.request_ids[s]).seq_slot == m.seq_slots[s]);
+        CHECK(bm.request_info(m.request_ids[s]).seq_slot == m.seq_slots[s]);
       std::vector<TokenId> tokens(m.num_logits);
       for (auto& t : tokens) t = uni(0, 49);  // 3 is the end id: some finish early
       bm.update(tokens.data(), m.num_logits, ops);
@@ -109,8 +110,8 @@ void walk(CapacitySchedulerPolicy policy, QueuePolicy queue, bool chunked, uint3
     bm.check_invariants();
   }
   CHECK(!bm.has_unfinished());
-  CHECK_EQ(bm.kv_cache().num_free_blocks(), c.num_blocks);
-  bm.seq_slots().check_all_free();
+  CHECK_EQ(bm.num_free_blocks(), c.num_blocks);
+  bm.check_all_seq_slots_free();
   CHECK(bm.num_reuse_hits() > 0);
   CHECK(steps > 1000);
 }

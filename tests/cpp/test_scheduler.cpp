@@ -69,8 +69,8 @@ TEST(no_evict_runs_the_second_request_after_the_first) {
   for (int it = 80; it < 160; ++it) CHECK_EQ(t.scheduled[it], Ids{1});
   CHECK_EQ(t.finished_at[0], 79);
   CHECK_EQ(t.finished_at[1], 159);
-  CHECK_EQ(bm.kv_cache().num_free_blocks(), 10);
-  CHECK_EQ(bm.seq_slots().num_free(), 2);
+  CHECK_EQ(bm.num_free_blocks(), 10);
+  CHECK_EQ(bm.num_free_seq_slots(), 2);
 }
 
 TEST(max_utilization_pauses_the_latest_and_recomputes_it) {
@@ -92,7 +92,7 @@ TEST(max_utilization_pauses_the_latest_and_recomputes_it) {
   CHECK_EQ(t.finished_at[1], 118);
   for (int it = 0; it < 119; ++it)
     if (it != 41) CHECK(t.paused[it].empty());
-  CHECK_EQ(bm.kv_cache().num_free_blocks(), 10);
+  CHECK_EQ(bm.num_free_blocks(), 10);
 }
 
 TEST(micro_batch_of_two_runs_four_requests_in_two_waves) {
@@ -241,7 +241,7 @@ TEST(prefix_aware_admission_waits_one_step_instead_of_computing_twice) {
   add(bm, 1, 50, 4);
   add(bm, 2, 30, 4, 0.5f, /*fill=*/8);  // another prefix: not held back
   Trace t = run(bm);
-  CHECK_EQ(t.scheduled[0], (Ids{0}));   // 1 waits for 0's blocks; 2 has no seat yet
+  CHECK_EQ(t.scheduled[0], (Ids{0}));   // 1 waits for 0's blocks; 2 has no sequence slot yet
   CHECK_EQ(t.scheduled[1], (Ids{0, 1}));
   CHECK_EQ(t.chunks[1], (std::vector<int32_t>{1, 10}));
   CHECK_EQ(bm.total_reused_tokens(), int64_t{40});

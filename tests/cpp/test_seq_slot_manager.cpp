@@ -1,4 +1,4 @@
-#include "pyengine/seq_slot_manager.h"
+#include "batch_manager/seq_slot_manager.h"
 #include "test_harness.h"
 
 using namespace pyengine;

@@ -1,26 +1,24 @@
 // The batch manager: owns the requests, the waiting queue, the schedulers and the resource
-// managers, and turns each step's decisions into the forward's metadata buffers.
+// managers (sequence slots, KV cache blocks), and turns each step's decisions into the
+// forward's metadata buffers. This is the C++ core's public face: an embedding application
+// includes this header (and pyengine/types.h, which it includes); the classes behind it are
+// private to the library.
 //
-// One step, driven by the caller (see DESIGN.md "One step"):
+// One step, driven by the caller (docs/architecture.md, "One step"):
 //   schedule(now)      drop aborted requests, admit/pause (capacity), pick the batch
-//                      (micro-batch), prepare resources (slots, then KV), fill metadata.
+//                      (micro-batch), prepare resources (sequence slots, then KV), fill the
+//                      metadata.
 //   ... the caller runs the forward and samples one token per logits row ...
 //   update(tokens, now) append tokens, apply stop conditions, record this step's outputs.
-//   free_finished()    retire finished requests: KV, then slot (reverse order). The caller
-//                      releases its own per-slot state (sampler) before calling it.
+//   free_finished()    retire finished requests: KV, then sequence slot (reverse order). The
+//                      caller releases its own per-slot state (sampler) before calling it.
 #pragma once
 
-#include <deque>
+#include <cstdint>
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
-#include "pyengine/kv_cache_manager.h"
-#include "pyengine/request.h"
-#include "pyengine/resource_manager.h"
-#include "pyengine/scheduler.h"
-#include "pyengine/seq_slot_manager.h"
-#include "pyengine/waiting_queue.h"
+#include "pyengine/types.h"
 
 namespace pyengine {
 
@@ -58,11 +56,11 @@ struct ForwardMetadata {
 // What a step changed, for the caller's outputs.
 struct StepEvents {
   std::vector<RequestId> aborted;        // dropped by schedule() (their resources are free)
-  std::vector<SlotId> aborted_slots;     // the slots they held (-1 if none)
+  std::vector<SlotId> aborted_slots;     // the sequence slots they held (-1 if none)
   std::vector<RequestId> paused;         // paused by schedule(), to be recomputed
-  std::vector<SlotId> paused_slots;
-  std::vector<RequestId> new_seated;     // got a slot in this schedule()
-  std::vector<SlotId> new_seated_slots;
+  std::vector<SlotId> paused_slots;      // the sequence slots they held
+  std::vector<RequestId> assigned;       // given a sequence slot by this schedule()
+  std::vector<SlotId> assigned_slots;    // the sequence slots they were given
   // update(): one entry per request that produced a token, with the logits row it came from
   // (rows of requests the caller ended after scheduling them produce no entry).
   std::vector<RequestId> output_request_ids;
@@ -72,9 +70,44 @@ struct StepEvents {
   std::vector<int32_t> finish_reasons;   // FinishReason values
 };
 
+// A read-only snapshot of one request, copied out by BatchManager::request_info().
+// Times are the `now` the caller passed to the call that set them; -1 means not yet.
+struct RequestInfo {
+  RequestId id = 0;
+  RequestState state = RequestState::kWaiting;
+  SlotId seq_slot = -1;               // its sequence slot, -1 while it holds none
+  int32_t prompt_len = 0;
+  int32_t num_generated = 0;          // tokens generated so far (kept across pauses)
+  // Tokens its current context phase computes: the prompt, or after a pause the prompt and
+  // the tokens generated before it (a paused request is recomputed).
+  int32_t context_len = 0;
+  int32_t num_computed_tokens = 0;    // tokens of the context whose KV is in the cache
+  int32_t num_blocks = 0;             // KV blocks in its block table (0 while it holds none)
+  int32_t num_pauses = 0;             // times it was paused to be recomputed
+  int32_t num_reused_tokens = 0;      // context tokens taken from the prefix cache, over all starts
+  double arrival_time = 0.0;          // add_request()
+  double first_scheduled_time = -1.0; // the first schedule() that put it in a batch
+  double first_token_time = -1.0;     // the update() that gave its first token
+  double finish_time = -1.0;
+  FinishReason finish_reason = FinishReason::kNone;
+  TokenId stop_token = -1;            // the token that stopped it (kEndId, kStopToken), else -1
+};
+
+// Not thread-safe: one thread drives a BatchManager. A function whose comment names no
+// exception throws none (beyond std::bad_alloc).
 class BatchManager {
  public:
+  // Allocates the pools and the metadata buffers. Throws std::invalid_argument for a
+  // non-positive max_batch_size, max_num_tokens, max_seq_len, tokens_per_block or
+  // num_blocks, or (with chunked context) max_num_tokens below tokens_per_block.
   explicit BatchManager(const BatchManagerConfig& config);
+  ~BatchManager();
+  BatchManager(const BatchManager&) = delete;
+  BatchManager& operator=(const BatchManager&) = delete;
+  // Moves the whole state (no buffer moves: references to metadata() stay valid). A
+  // moved-from BatchManager may only be destroyed or assigned to.
+  BatchManager(BatchManager&&) noexcept;
+  BatchManager& operator=(BatchManager&&) noexcept;
 
   // Queues a request. Throws std::invalid_argument (and changes nothing) for a duplicate id,
   // an empty prompt, a token id outside the vocabulary, max_new_tokens < 1,
@@ -92,6 +125,8 @@ class BatchManager {
   // once, without an output). Returns false if it is unknown or has started.
   bool remove_waiting(RequestId id);
 
+  // Runs the scheduling half of a step; returns the filled metadata (the same object as
+  // metadata()). Throws only on a broken internal invariant (std::logic_error).
   const ForwardMetadata& schedule(double now);
   // `tokens`: one per logits row of the last schedule(). Throws std::invalid_argument if
   // `num_tokens` differs from the batch's logits rows. The token of a request the caller
@@ -102,77 +137,66 @@ class BatchManager {
   // flight that holds it is updated. Returns false (changing nothing) if the request is
   // unknown or not generating (an already finished one included).
   bool finish_request(RequestId id, FinishReason reason, double now);
-  // Retires the requests finished by the last update(): KV blocks, then slot.
+  // Retires the requests finished by the last update(): KV blocks, then sequence slot.
   void free_finished();
   // Undoes the last schedule() (but not the aborts it dropped, which stay dropped): the
   // caller's forward or sampling failed, and the engine must be as before the step —
-  // same requests in the same states, no seat or block changed hands. Valid between
-  // schedule() and update(); returns false (doing nothing) otherwise.
+  // same requests in the same states, no sequence slot or block changed hands. Valid
+  // between schedule() and update(); returns false (doing nothing) otherwise.
   bool rollback();
 
-  bool has_unfinished() const { return !requests_.empty(); }
-  int32_t num_requests() const { return static_cast<int32_t>(requests_.size()); }
-  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
-  // Prefix reuse totals: tokens taken from the cache, and tables that took any.
-  int64_t total_reused_tokens() const { return kv_resource_->total_reused_tokens(); }
-  int64_t num_reuse_hits() const { return kv_resource_->num_reuse_hits(); }
-  int32_t num_active() const { return static_cast<int32_t>(active_.size()); }
-  bool contains(RequestId id) const { return requests_.count(id) != 0; }
+  // Returns true while any request is queued, running or finished but not yet retired.
+  bool has_unfinished() const;
+  // Returns the number of requests known (queued, holding resources, or not yet retired).
+  int32_t num_requests() const;
+  // Returns the number of queued requests (new, or paused to be recomputed).
+  int32_t num_waiting() const;
+  // Returns the number of requests holding resources (admitted and not retired).
+  int32_t num_active() const;
+  // Returns true if the id is known (added, and not yet retired, aborted or removed).
+  bool contains(RequestId id) const;
+  // Returns the queued requests' ids, front of the queue first.
   std::vector<RequestId> waiting_ids() const;
+  // Returns the ids of the requests holding resources, in start order.
   std::vector<RequestId> active_ids() const;
-  // Throws std::out_of_range for an unknown id.
-  const Request& request(RequestId id) const;
+  // Returns a snapshot of the request. Throws std::out_of_range for an unknown id.
+  RequestInfo request_info(RequestId id) const;
+  // Returns a copy of the request's KV block ids, in token order. Throws std::logic_error
+  // if it holds no block table (an unknown, queued or retired request).
+  std::vector<BlockId> block_table(RequestId id) const;
 
-  const ForwardMetadata& metadata() const { return meta_; }
-  const StepEvents& events() const { return events_; }
-  const BatchManagerConfig& config() const { return config_; }
-  const KvCacheManager& kv_cache() const { return kv_; }
-  const SeqSlotManager& seq_slots() const { return slots_; }
+  // Returns the total of prefix-cache tokens taken by requests, over all steps.
+  int64_t total_reused_tokens() const;
+  // Returns how many block tables took any blocks from the prefix cache, over all steps.
+  int64_t num_reuse_hits() const;
+  // Returns the size of the KV pool, in blocks (config().num_blocks).
+  int32_t num_blocks() const;
+  // Returns the number of KV blocks no request holds (some of them still reusable).
+  int32_t num_free_blocks() const;
+  // Returns the number of free KV blocks that still hold reusable prefix-cache content.
+  int32_t num_reusable_blocks() const;
+  // Returns the number of token positions in one KV block (config().tokens_per_block).
+  int32_t tokens_per_block() const;
+  // Returns the number of sequence slots (config().num_seq_slots, or max_batch_size for 0).
+  int32_t num_seq_slots() const;
+  // Returns the number of sequence slots no request holds.
+  int32_t num_free_seq_slots() const;
+  // Shutdown check: throws std::logic_error naming the holders if any sequence slot is held.
+  void check_all_seq_slots_free() const;
 
-  // Consistency of the pools against the requests; throws std::logic_error if violated.
+  // Returns the last schedule()'s forward inputs (buffers allocated once, never reallocated).
+  const ForwardMetadata& metadata() const;
+  // Returns what the last schedule() and update() changed.
+  const StepEvents& events() const;
+  // Returns the configuration the manager was built with.
+  const BatchManagerConfig& config() const;
+
+  // Checks the pools against the requests; throws std::logic_error if they disagree.
   void check_invariants() const;
 
  private:
-  void drop_aborted();
-  // Journals schedule()'s changes so that rollback() can undo them.
-  struct RequestSnapshot {
-    Request* r;
-    RequestState state;
-    int32_t context_len, context_pos, chunk_size, num_pauses, num_cached_blocks, num_reused_tokens;
-    SlotId seq_slot;
-    int64_t start_order;
-    double first_scheduled_time;
-  };
-  void snapshot(Request* r);
-  void begin_transaction();
-  void commit_transaction();
-  bool in_transaction_ = false;
-  std::vector<RequestSnapshot> snapshots_;
-  std::vector<Request*> saved_active_;
-  std::deque<Request*> saved_waiting_;
-  int64_t saved_start_counter_ = 0;
-  int64_t saved_reused_tokens_ = 0, saved_reuse_hits_ = 0;
-  void fill_metadata(const std::vector<Request*>& batch);
-  void remove_active(Request* r);
-
-  BatchManagerConfig config_;
-  KvCacheManager kv_;
-  SeqSlotManager slots_;
-  CapacityScheduler capacity_;
-  MicroBatchScheduler micro_batch_;
-  ResourceManager resources_;
-  KvCacheResourceManager* kv_resource_ = nullptr;  // owned by resources_
-
-  std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
-  WaitingQueue waiting_;
-  std::vector<Request*> active_;     // holding resources, in start order
-  std::vector<Request*> batch_;      // the last schedule()'s batch
-  std::vector<Request*> finished_;   // finished by the last update(), not yet freed
-  int64_t start_counter_ = 0;
-  bool abort_pending_ = false;
-
-  ForwardMetadata meta_;
-  StepEvents events_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace pyengine

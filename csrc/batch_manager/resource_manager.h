@@ -5,9 +5,9 @@
 #include <memory>
 #include <vector>
 
-#include "pyengine/kv_cache_manager.h"
-#include "pyengine/request.h"
-#include "pyengine/seq_slot_manager.h"
+#include "batch_manager/request.h"
+#include "batch_manager/seq_slot_manager.h"
+#include "kv_cache/kv_cache_manager.h"
 
 namespace pyengine {
 

@@ -1,4 +1,5 @@
-// A request's state inside the batch manager.
+// A request's state inside the batch manager. Private to the library: callers read a
+// RequestInfo snapshot (pyengine/batch_manager.h).
 #pragma once
 
 #include <vector>
@@ -6,22 +7,6 @@
 #include "pyengine/types.h"
 
 namespace pyengine {
-
-enum class RequestState : int32_t {
-  kWaiting = 0,                // queued: never started, or paused and waiting to be recomputed
-  kContextInProgress = 1,      // its context (prompt) is being computed, possibly over several chunks
-  kGenerationInProgress = 2,   // producing one token per step
-  kFinished = 3,
-};
-
-enum class FinishReason : int32_t {
-  kNone = 0,
-  kEndId = 1,      // sampled the end id ("stop")
-  kStopToken = 2,  // sampled one of the stop token ids ("stop")
-  kLength = 3,     // reached max_new_tokens ("length")
-  kAbort = 4,      // aborted by the caller ("abort")
-  kStopString = 5, // the caller found a stop string in the text ("stop")
-};
 
 struct Request {
   Request(RequestId id, std::vector<TokenId> prompt, int32_t max_new_tokens, TokenId end_id,

@@ -6,9 +6,9 @@
 #include <deque>
 #include <vector>
 
-#include "pyengine/kv_cache_manager.h"
-#include "pyengine/request.h"
-#include "pyengine/waiting_queue.h"
+#include "batch_manager/request.h"
+#include "batch_manager/waiting_queue.h"
+#include "kv_cache/kv_cache_manager.h"
 
 namespace pyengine {
 

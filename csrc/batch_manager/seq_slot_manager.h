@@ -1,4 +1,4 @@
-// The pool of sequence slots ("seats"). A request holds one slot from its first scheduled
+// The pool of sequence slots. A request holds one sequence slot from its first scheduled
 // step to its end; arrays that live across steps (sampler state, ...) are indexed by slot.
 #pragma once
 
@@ -20,14 +20,14 @@ class SeqSlotManager {
   // The request's slot, or -1.
   SlotId slot_of(RequestId id) const;
 
-  // Gives a seat to a request that has none. Throws std::logic_error if it already has one,
-  // NoFreeSeqSlotError if every seat is taken.
+  // Gives a sequence slot to a request that has none. Throws std::logic_error if it already
+  // has one, NoFreeSeqSlotError if every sequence slot is taken.
   SlotId acquire(RequestId id);
-  // Returns the request's seat. Throws std::logic_error if it holds none.
+  // Returns the request's sequence slot. Throws std::logic_error if it holds none.
   void release(RequestId id);
 
-  // Conservation check (shutdown): throws std::logic_error naming the holders if any seat
-  // is still taken.
+  // Conservation check (shutdown): throws std::logic_error naming the holders if any
+  // sequence slot is still taken.
   void check_all_free() const;
 
   // Transactions, as in KvCacheManager: rollback() undoes every acquire/release since

@@ -3,14 +3,9 @@
 
 #include <deque>
 
-#include "pyengine/request.h"
+#include "batch_manager/request.h"
 
 namespace pyengine {
-
-enum class QueuePolicy : int32_t {
-  kFcfs = 0,      // arrival order
-  kPriority = 1,  // higher priority first, arrival order among equals
-};
 
 class WaitingQueue {
  public:
