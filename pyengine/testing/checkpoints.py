@@ -89,8 +89,8 @@ MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DEFAULT_INITIALIZER_RANGE = 0.2
 
 
-#: The benchmark model of bench/ (BENCH.md, "smollm-135m-shape"): 124.6 M parameters.
-#: Initialized as plain HF does (LlamaConfig's default range 0.02, norms at 1), as BENCH.md
+#: The benchmark model of bench/ ("smollm-135m-shape", defined in bench/README.md): 124.6 M parameters.
+#: Initialized as plain HF does (LlamaConfig's default range 0.02, norms at 1), as bench/README.md
 #: builds it; speed does not depend on it, and a 30-layer model stays well-scaled with it.
 SMOLLM_135M_SHAPE: dict[str, Any] = dict(
     model_type="llama",
