@@ -213,8 +213,11 @@ def test_wrong_tensor_shape_and_malformed_files(llama_dir, tmp_path):
     (bad / "config.json").write_text("{not json")
     with pytest.raises(StartupError, match="phase 'config'.*malformed"):
         Engine(bad)
-    with pytest.raises(StartupError, match="phase 'config': FileNotFoundError: no config.json"):
+    with pytest.raises(StartupError, match="phase 'config': FileNotFoundError: model directory .* does not exist"):
         Engine(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StartupError, match="phase 'config': FileNotFoundError: no config.json"):
+        Engine(tmp_path / "empty")
 
 
 def test_bad_engine_configuration_is_named(llama_dir):

@@ -3,11 +3,38 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+# "org/name" (one slash, no leading "/", "." or "~"): what a Hugging Face Hub id looks like.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_CHECKPOINT_FILE = re.compile(r"config\.json|.*\.safetensors|model\.safetensors\.index\.json|tokenizer.*\.json")
+
+
+def check_model_dir(model_dir: str | Path) -> Path:
+    """Returns `model_dir` as a Path if it is an existing directory; otherwise raises
+    FileNotFoundError (nothing there; pyengine loads local directories only, never from the
+    Hugging Face Hub) or NotADirectoryError (a file), saying which."""
+    path = Path(model_dir)
+    if path.is_dir():
+        return path
+    if path.exists():
+        hint = ""
+        if _CHECKPOINT_FILE.fullmatch(path.name):
+            hint = f" (the directory that holds it is {str(path.parent)!r})"
+        raise NotADirectoryError(f"model path {str(model_dir)!r} is a file, not a directory: pass the model "
+                                 f"directory, the one that holds config.json and the *.safetensors files{hint}")
+    if _HUB_ID.fullmatch(str(model_dir)):
+        raise FileNotFoundError(
+            f"model directory {str(model_dir)!r} does not exist: pyengine loads models from local directories "
+            "only and does not download from the Hugging Face Hub; if this is a Hub id, download it first "
+            f"(e.g. `hf download {model_dir} --local-dir DIR`) and pass DIR")
+    raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist (pyengine loads models from a "
+                            "local directory: config.json, *.safetensors, tokenizer files)")
 
 
 @dataclass
@@ -86,9 +113,11 @@ class ModelConfig:
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> "ModelConfig":
+        check_model_dir(model_dir)
         path = Path(model_dir) / "config.json"
         if not path.is_file():
-            raise FileNotFoundError(f"no config.json in model directory {str(model_dir)!r}")
+            raise FileNotFoundError(f"no config.json in model directory {str(model_dir)!r}: a model directory holds "
+                                    "a Hugging Face checkpoint (config.json, *.safetensors, tokenizer files)")
         try:
             d = json.loads(path.read_text())
         except json.JSONDecodeError as e:

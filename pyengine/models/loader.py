@@ -28,8 +28,11 @@ def checkpoint_files(model_dir: str | Path) -> dict[str, Path]:
         return files
     single = model_dir / SINGLE_FILE
     if single.is_file():
-        with safe_open(str(single), framework="pt") as f:
-            return {name: single for name in f.keys()}
+        try:
+            with safe_open(str(single), framework="pt") as f:
+                return {name: single for name in f.keys()}
+        except Exception as e:
+            raise _read_error(single, e) from e
     raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in model directory {str(model_dir)!r}")
 
 
@@ -51,8 +54,20 @@ def load_tensors(model_dir: str | Path, names: list[str], dtype: torch.dtype,
             with safe_open(str(path), framework="pt") as f:
                 for n in wanted:
                     out[n] = f.get_tensor(n).to(dtype)
-        except Exception as e:  # a corrupt file surfaces as one clear error
+        except Exception as e:  # a corrupt file surfaces as one clear error naming it
             if isinstance(e, ValueError) and "missing tensor" in str(e):
                 raise
-            raise ValueError(f"cannot read {path}: {e}") from e
+            raise _read_error(path, e) from e
     return out
+
+
+def _read_error(path: Path, e: Exception) -> ValueError:
+    """A ValueError naming the safetensors file that could not be read, and why."""
+    hint = ""
+    if type(e).__name__ == "SafetensorError":  # the header, or the sizes it lists, do not match the file
+        try:
+            size = f", {path.stat().st_size} bytes,"
+        except OSError:
+            size = ""
+        hint = f" (the file{size} may be truncated or corrupt: an interrupted download or copy?)"
+    return ValueError(f"cannot read {str(path)!r}: {e}{hint}")
