@@ -20,7 +20,7 @@ DEMO_PROMPTS = [
     "In-flight batching keeps the",
     "A paged KV cache stores",
     "Hello, world!",
-    "Sequence slots are seats",
+    "Sequence slots hold per-request state",
     "Chunked prefill splits long prompts",
     "The quick brown fox jumps over the lazy dog",
 ]
