@@ -152,3 +152,47 @@ def test_an_abort_before_a_failed_step_is_delivered_by_the_next_one(llama_dir):
     while engine.has_unfinished_requests():
         engine.step()
     assert not engine._bm.contains(b)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_failed_step_that_paused_a_request_without_a_seat(llama_dir, overlap):
+    """Under max_utilization a request admitted but never batched (no seat yet) can be
+    paused; when that step fails, undoing it must not touch a sampler row for it (there is
+    none). Found by the soak (tests/test_soak.py)."""
+    def engine() -> Engine:
+        return Engine(llama_dir, max_seq_len=40, seed=0, overlap=overlap,
+                      kv_cache_config=KvCacheConfig(tokens_per_block=8, max_tokens=40, free_memory_fraction=None),
+                      scheduler_config=SchedulerConfig(max_batch_size=2, max_num_tokens=16,
+                                                       capacity_scheduler_policy="max_utilization"))
+
+    requests = [(list(range(100, 132)), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)),
+                (list(range(200, 208)), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))]
+    # The call whose schedule pauses b: a's prompt takes every token of the first steps, so b,
+    # admitted with it, has no seat yet; then a's blocks crowd b out.
+    probe = engine()
+    a, b = (probe.add_request(p, sp) for p, sp in requests)
+    calls = 0
+    while probe._bm.request_metrics(b)["num_pauses"] == 0:
+        assert probe._bm.request_metrics(b)["seq_slot"] < 0
+        probe.step()
+        calls += 1
+    while probe.has_unfinished_requests():
+        probe.step()
+
+    eng = engine()
+    ids = [eng.add_request(p, sp) for p, sp in requests]
+    for _ in range(calls - 1):
+        eng.step()
+    inject = ForwardFailure(eng)
+    inject.arm()
+    with pytest.raises(Injected):
+        eng.step()
+    eng.check_resources()
+    finals = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                finals[o.request_id] = o
+    reference = engine()
+    want = reference.generate([p for p, _ in requests], [sp for _, sp in requests], use_tqdm=False)
+    assert [finals[i].token_ids for i in ids] == [w.token_ids for w in want]

@@ -107,3 +107,22 @@ def test_seat_pool_must_fit_in_the_kv_pool(llama_dir):
     with pytest.raises(StartupError, match="phase 'kv_capacity'.*cannot cover the sequence slot pool \\(64 sequence slots"):
         Engine(llama_dir, max_seq_len=64, kv_cache_config=KvCacheConfig(tokens_per_block=8, max_tokens=256),
                scheduler_config=SchedulerConfig(max_batch_size=64))
+
+
+def test_prompt_logprobs_are_complete_when_the_prefix_is_cached(llama_dir):
+    """A request with prompt_logprobs takes no blocks from the cache (the logprobs of
+    reused positions would never be computed: it got [None] alone for a cached prompt), and
+    its own blocks still serve the requests after it. Found by the soak (tests/test_soak.py)."""
+    prompt = SYSTEM[:33]
+    engine = make_engine(llama_dir, reuse=True)
+    engine.generate([prompt], PARAMS, use_tqdm=False)  # caches the prompt's full blocks
+    wanted = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=2)
+    out = engine.generate([prompt], wanted, use_tqdm=False)[0]
+    cold = make_engine(llama_dir, reuse=False).generate([prompt], wanted, use_tqdm=False)[0]
+    assert out.metrics.num_reused_tokens == 0
+    assert len(out.prompt_logprobs) == len(prompt)
+    rounded = [[None if d is None else {t: round(v, 4) for t, v in d.items()} for d in o.prompt_logprobs]
+               for o in (out, cold)]
+    assert rounded[0] == rounded[1] and out.token_ids == cold.token_ids
+    later = engine.generate([prompt + [5]], PARAMS, use_tqdm=False)[0]
+    assert later.metrics.num_reused_tokens == 32

@@ -224,6 +224,23 @@ def test_min_tokens_masks_the_stop_tokens(llama_dir):
     assert len(held.token_ids) >= first + 2
 
 
+def test_min_tokens_masks_nothing_for_a_request_without_stop_tokens(llama_dir):
+    """A slot's stop-token mask is rewritten only for a request with stop tokens under
+    min_tokens; a later request in that slot with min_tokens but no stop tokens must not
+    inherit the old mask (it did while another row kept the min_tokens mask active).
+    Found by the soak (tests/test_soak.py)."""
+    b_params = SamplingParams(temperature=0.0, max_tokens=12, min_tokens=12, ignore_eos=True)
+    alone = make_engine(llama_dir, max_batch_size=2).generate([PROMPTS[0]], b_params, use_tqdm=False)[0].token_ids
+    t = alone[2]
+    engine = make_engine(llama_dir, max_batch_size=2)
+    # both seats: rows that mask t under min_tokens
+    engine.generate([PROMPTS[1], PROMPTS[3]], SamplingParams(temperature=0.0, max_tokens=2, min_tokens=2,
+                                                             stop_token_ids=[t]), use_tqdm=False)
+    neighbour = SamplingParams(temperature=0.0, max_tokens=12, min_tokens=12, stop_token_ids=[t], ignore_eos=True)
+    outs = engine.generate([PROMPTS[0], PROMPTS[1]], [b_params, neighbour], use_tqdm=False)
+    assert outs[0].token_ids == alone
+
+
 def test_logprobs_are_the_models_raw_distribution(llama_dir):
     engine = make_engine(llama_dir)
     prompt = PROMPTS[2]

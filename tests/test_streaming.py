@@ -71,6 +71,23 @@ def test_stop_string_spanning_tokens_cuts_the_text(llama_dir, include):
     assert "".join(o.new_text for o in streamed) == out.text  # nothing past the cut was ever shown
 
 
+def test_a_stop_string_completed_at_min_tokens_never_takes_back_streamed_text(llama_dir):
+    """Stop strings count from min_tokens on, but a stop string's beginning is held back
+    before that too: one that starts in the text of token k-1 and completes with token k =
+    min_tokens cuts the text where the stream has not been yet (the text shrank: a stream's
+    pieces no longer added up). Found by the soak (tests/test_soak.py)."""
+    engine = make_engine(llama_dir)
+    texts = [o.text for o in engine.stream(PROMPT, greedy(30))]
+    k = next(k for k in range(4, 29) if len(texts[k - 1]) > len(texts[k - 2]) and len(texts[k]) > len(texts[k - 1])
+             and "\ufffd" not in texts[k][len(texts[k - 1]) - 1: len(texts[k - 1]) + 1])
+    stop = texts[k][len(texts[k - 1]) - 1: len(texts[k - 1]) + 1]  # the last character of token k-1's text + the next
+    outs = list(engine.stream(PROMPT, greedy(30, stop=[stop], min_tokens=k + 1)))
+    pieces = [o.new_text for o in outs]
+    assert all(b.text.startswith(a.text) for a, b in zip(outs, outs[1:]))
+    assert "".join(pieces) == outs[-1].text
+    assert outs[-1].finish_reason == "stop" and outs[-1].stop_reason == stop
+
+
 def test_stop_string_helpers():
     assert find_stop_string("hello world", 0, ["wor", "lo"]) == (3, "lo")
     assert find_stop_string("hello world", 8, ["wor"]) == (6, "wor")  # ends after start

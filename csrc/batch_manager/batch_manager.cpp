@@ -39,7 +39,7 @@ struct BatchManager::Impl {
 
   void add_request(RequestId id, const TokenId* prompt, int32_t prompt_len, int32_t max_new_tokens,
                    TokenId end_id, const std::vector<TokenId>& stop_token_ids, int32_t min_new_tokens,
-                   double now, float priority, uint64_t cache_salt);
+                   double now, float priority, uint64_t cache_salt, bool reuse_prefix);
   bool abort_request(RequestId id);
   bool remove_waiting(RequestId id);
   const ForwardMetadata& schedule(double now);
@@ -127,7 +127,8 @@ BatchManager::Impl::Impl(const BatchManagerConfig& config)
 void BatchManager::Impl::add_request(RequestId id, const TokenId* prompt, int32_t prompt_len,
                                      int32_t max_new_tokens, TokenId end_id,
                                      const std::vector<TokenId>& stop_token_ids, int32_t min_new_tokens,
-                                     double now, float priority, uint64_t cache_salt) {
+                                     double now, float priority, uint64_t cache_salt,
+                                     bool reuse_prefix) {
   if (requests_.count(id)) throw std::invalid_argument("request_id " + str(id) + " is already in use");
   if (prompt_len <= 0 || prompt == nullptr) throw std::invalid_argument("prompt is empty");
   if (config_.vocab_size > 0)
@@ -161,6 +162,7 @@ void BatchManager::Impl::add_request(RequestId id, const TokenId* prompt, int32_
                                        end_id, stop_token_ids, min_new_tokens, now);
   req->priority = priority;
   req->cache_root = KvCacheManager::root_key(cache_salt);
+  req->reuse_prefix = reuse_prefix;
   if (kv_.reuse_enabled()) req->update_block_keys(kv_.tokens_per_block());
   waiting_.push(req.get());
   requests_.emplace(id, std::move(req));
@@ -280,6 +282,12 @@ bool BatchManager::Impl::rollback() {
 }
 
 const ForwardMetadata& BatchManager::Impl::schedule(double now) {
+  // A finished request left in the active list would be scheduled as a context chunk of
+  // negative length (and widen the token budget past the metadata buffers).
+  for (const Request* r : active_)
+    if (r->is_finished())
+      throw std::logic_error("request " + str(r->id) + " is finished but not retired: free_finished() must run "
+                             "before schedule()");
   clear_events(events_);
   drop_aborted();  // aborts are committed: they never come back
   begin_transaction();
@@ -386,9 +394,14 @@ void BatchManager::Impl::update(const TokenId* tokens, int32_t num_tokens, doubl
 
 bool BatchManager::Impl::finish_request(RequestId id, FinishReason reason, double now) {
   auto it = requests_.find(id);
-  if (it == requests_.end() || !it->second->in_generation()) return false;
-  it->second->finish(reason, now);
-  finished_.push_back(it->second.get());
+  if (it == requests_.end()) return false;
+  Request* r = it->second.get();
+  // Generating, or paused by the schedule since its last token (it holds nothing then).
+  const bool paused = r->state == RequestState::kWaiting && r->num_generated() > 0;
+  if (!r->in_generation() && !paused) return false;
+  if (paused) waiting_.erase(r);
+  r->finish(reason, now);
+  finished_.push_back(r);
   return true;
 }
 
@@ -432,9 +445,10 @@ BatchManager& BatchManager::operator=(BatchManager&&) noexcept = default;
 
 void BatchManager::add_request(RequestId id, const TokenId* prompt, int32_t prompt_len, int32_t max_new_tokens,
                                TokenId end_id, const std::vector<TokenId>& stop_token_ids,
-                               int32_t min_new_tokens, double now, float priority, uint64_t cache_salt) {
+                               int32_t min_new_tokens, double now, float priority, uint64_t cache_salt,
+                               bool reuse_prefix) {
   impl_->add_request(id, prompt, prompt_len, max_new_tokens, end_id, stop_token_ids, min_new_tokens, now,
-                     priority, cache_salt);
+                     priority, cache_salt, reuse_prefix);
 }
 bool BatchManager::abort_request(RequestId id) { return impl_->abort_request(id); }
 bool BatchManager::remove_waiting(RequestId id) { return impl_->remove_waiting(id); }

@@ -43,7 +43,7 @@ std::vector<Request*> MicroBatchScheduler::schedule(const std::vector<Request*>&
     if (static_cast<int32_t>(batch.size()) >= max_batch_size_) break;
     int32_t start = r->context_pos;
     r->planned_reuse_blocks = 0;
-    if (kv.reuse_enabled() && !kv.has_sequence(r->id)) {
+    if (kv.reuse_enabled() && r->reuse_prefix && !kv.has_sequence(r->id)) {
       const int32_t reusable = probe_reuse(*r, kv).blocks;
       const size_t next = static_cast<size_t>(reusable);
       if (static_cast<int32_t>(next) < r->max_reusable_blocks(tpb) && next < r->block_keys.size() &&

@@ -36,6 +36,7 @@ struct Request {
   // tokens are appended), the chain's root (from the cache salt), how many of the
   // request's blocks are registered in the cache, and how many it took from the cache.
   uint64_t cache_root = 0;
+  bool reuse_prefix = true;          // false: never takes blocks from the cache
   std::vector<uint64_t> block_keys;
   int32_t num_cached_blocks = 0;
   int32_t planned_reuse_blocks = 0;  // set by the micro-batch scheduler for a new table

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <deque>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "batch_manager/request.h"
@@ -45,6 +47,18 @@ class CapacityScheduler {
   CapacitySchedule schedule_max_utilization(const std::vector<Request*>& active,
                                             const std::deque<Request*>& waiting,
                                             const KvCacheManager& kv) const;
+  // Max-utilization's bookkeeping within one pass: the references the pauses decided so far
+  // will drop, and the cached blocks held by others that the requests kept so far will
+  // share. A block is counted once: as free (its last holder is paused and nobody kept
+  // relies on it) or as shared (not taken from the free pool).
+  struct Ledger {
+    std::unordered_map<BlockId, int32_t> released;
+    std::unordered_set<BlockId> relied;
+  };
+  // step_blocks_needed under the ledger; `keep` records the shared blocks it relies on.
+  int32_t step_blocks_needed(const Request& request, const KvCacheManager& kv, Ledger& ledger, bool keep) const;
+  // Blocks that pausing `victim` returns to the free pool, given the ledger (which it updates).
+  static int32_t blocks_freed_by_pausing(const Request& victim, const KvCacheManager& kv, Ledger& ledger);
 
   CapacitySchedulerPolicy policy_;
   int32_t max_num_sequences_;

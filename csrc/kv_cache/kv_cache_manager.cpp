@@ -143,17 +143,27 @@ KvCacheManager::ReuseProbe KvCacheManager::probe_reuse(const std::vector<uint64_
                                                        const std::vector<TokenId>& tokens, uint64_t root,
                                                        int32_t max_blocks) const {
   ReuseProbe p;
-  if (!enable_reuse_) return p;
+  for (BlockId b : reuse_chain(keys, tokens, root, max_blocks)) {
+    ++p.blocks;
+    if (blocks_[b].ref > 0) ++p.in_use;
+  }
+  return p;
+}
+
+std::vector<BlockId> KvCacheManager::reuse_chain(const std::vector<uint64_t>& keys,
+                                                 const std::vector<TokenId>& tokens, uint64_t root,
+                                                 int32_t max_blocks) const {
+  std::vector<BlockId> chain;
+  if (!enable_reuse_) return chain;
   const int32_t n = std::min<int32_t>(max_blocks, static_cast<int32_t>(keys.size()));
   uint64_t parent = root;
   for (int32_t i = 0; i < n; ++i) {
     const BlockId b = lookup(keys[i], parent, tokens.data() + static_cast<size_t>(i) * tokens_per_block_);
     if (b < 0) break;
-    ++p.blocks;
-    if (blocks_[b].ref > 0) ++p.in_use;
+    chain.push_back(b);
     parent = keys[i];
   }
-  return p;
+  return chain;
 }
 
 int32_t KvCacheManager::add_sequence_with_reuse(RequestId id, const std::vector<uint64_t>& keys,

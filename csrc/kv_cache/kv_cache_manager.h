@@ -56,6 +56,9 @@ class KvCacheManager {
   };
   ReuseProbe probe_reuse(const std::vector<uint64_t>& keys, const std::vector<TokenId>& tokens, uint64_t root,
                          int32_t max_blocks) const;
+  // The blocks of that chain, in order (what add_sequence_with_reuse would take now).
+  std::vector<BlockId> reuse_chain(const std::vector<uint64_t>& keys, const std::vector<TokenId>& tokens,
+                                   uint64_t root, int32_t max_blocks) const;
   // Registers the sequence's full blocks [0, num_full_blocks) under `keys` (those not yet
   // registered; a key already cached for another block is left as it is).
   void cache_blocks(RequestId id, const std::vector<uint64_t>& keys, const std::vector<TokenId>& tokens,

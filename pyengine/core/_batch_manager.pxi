@@ -95,7 +95,7 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
     cdef cppclass BatchManager:
         BatchManager(const BatchManagerConfig&) except +
         void add_request(int64_t, const int32_t*, int32_t, int32_t, int32_t, const vector[int32_t]&,
-                         int32_t, double, float, uint64_t) except +
+                         int32_t, double, float, uint64_t, cbool) except +
         cbool abort_request(int64_t)
         cbool remove_waiting(int64_t)
         const ForwardMetadata& schedule(double) except +
@@ -240,11 +240,11 @@ cdef class CoreBatchManager:
 
     def add_request(self, int64_t request_id, const int32_t[::1] prompt, int max_new_tokens,
                     int end_id=-1, stop_token_ids=(), int min_new_tokens=0, double now=0.0,
-                    float priority=0.5, uint64_t cache_salt=0):
+                    float priority=0.5, uint64_t cache_salt=0, bint reuse_prefix=True):
         cdef vector[int32_t] stops = list(stop_token_ids)
         cdef const int32_t* ptr = &prompt[0] if prompt.shape[0] > 0 else NULL
         self.bm.add_request(request_id, ptr, prompt.shape[0], max_new_tokens, end_id, stops,
-                            min_new_tokens, now, priority, cache_salt)
+                            min_new_tokens, now, priority, cache_salt, reuse_prefix)
 
     def abort_request(self, int64_t request_id) -> bool:
         return self.bm.abort_request(request_id)

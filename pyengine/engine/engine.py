@@ -92,8 +92,10 @@ class Engine:
         new = self._requests.prepare(prompt, params, request_id, priority, cache_salt, self._bm.contains)
         now = time.monotonic()
         p = new.params
+        # prompt logprobs need every prompt position computed: no blocks from the prefix cache
         self._bm.add_request(new.core_id, array.array("i", new.prompt_token_ids), p.max_tokens, new.end_id,
-                             new.core_stop_ids, p.min_tokens, now, new.priority, new.cache_salt_key)
+                             new.core_stop_ids, p.min_tokens, now, new.priority, new.cache_salt_key,
+                             reuse_prefix=p.prompt_logprobs is None)
         self._requests.add(new, self._sampler.new_seed, now)
         return new.request_id
 

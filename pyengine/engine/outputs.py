@@ -121,14 +121,17 @@ class RequestRecord:
         self.detokenizer.add([token], final=final)
         full = self.detokenizer.text
         stops = self.params.stop
-        if stops and len(self.token_ids) >= self.params.min_tokens:
-            hit = find_stop_string(full, before, stops)
-            if hit is not None:
-                index, s = hit
-                self.text = full[: index + len(s)] if self.params.include_stop_str_in_output else full[:index]
-                self.stop_reason = s
-                return self.text[before:], True
-            if not final:  # hold back what may be the start of a stop string
+        if stops:
+            if len(self.token_ids) >= self.params.min_tokens:
+                hit = find_stop_string(full, before, stops)
+                if hit is not None:
+                    index, s = hit
+                    self.text = full[: index + len(s)] if self.params.include_stop_str_in_output else full[:index]
+                    self.stop_reason = s
+                    return self.text[before:], True
+            # hold back what may be the start of a stop string (under min_tokens too: one
+            # completed at min_tokens must not begin in text already shown)
+            if not final:
                 full = full[: len(full) - partial_stop_suffix(full, stops)]
         self.text = full if len(full) > before or final else self.text
         return self.text[before:], False

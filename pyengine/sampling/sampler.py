@@ -219,6 +219,8 @@ class Sampler:
             features.add("min_tokens")
             self.stop_mask[slot] = False
             self.stop_mask[slot, self._ids(stop_ids)] = True
+        else:  # nothing to mask: the row's stop_mask (a previous holder's) must never apply
+            self.min_tokens[slot] = 0
         if params.logprobs is not None:
             features.add("logprobs")
         if params.logits_processors:

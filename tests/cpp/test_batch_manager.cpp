@@ -121,6 +121,8 @@ TEST(a_request_ended_while_its_next_step_is_in_flight_discards_that_token) {
   std::vector<TokenId> t2{7, 8};
   bm.update(t2.data(), 2, 2.0);
   CHECK_EQ(bm.events().output_request_ids, std::vector<RequestId>{2});  // 1's token 7 is discarded
+  CHECK_EQ(bm.events().logits_rows, std::vector<int32_t>{1});          // 2's token came from row 1
+  CHECK_EQ(bm.events().tokens, std::vector<TokenId>{8});
   CHECK_EQ(bm.request_info(1).prompt_len + bm.request_info(1).num_generated, 3);
   bm.free_finished();
   CHECK(!bm.contains(1));
@@ -130,9 +132,61 @@ TEST(a_request_ended_while_its_next_step_is_in_flight_discards_that_token) {
   CHECK(bm.finish_request(2, FinishReason::kStopString, 3.0));
   CHECK(bm.rollback());
   CHECK(bm.request_info(2).state == RequestState::kFinished);
+  // Still active (the rolled-back batch held it): scheduling before retiring it is refused.
+  CHECK_THROWS(bm.schedule(3.5), std::logic_error, "free_finished");
   bm.free_finished();
   CHECK(!bm.contains(2));
   bm.check_invariants();
+}
+
+TEST(a_request_paused_since_its_last_token_can_still_be_ended) {
+  // With the overlap loop, step n's schedule may pause a request before the caller finds a
+  // stop string in its step n-1 token: finish_request takes it out of the queue.
+  BatchManagerConfig c = small_config();
+  c.policy = CapacitySchedulerPolicy::kMaxUtilization;
+  c.num_blocks = 3;  // 12 tokens
+  for (bool roll_back : {false, true}) {
+    BatchManager bm(c);
+    std::vector<TokenId> p1{1, 2, 3, 4}, p2{5, 6, 7};
+    bm.add_request(1, p1.data(), 4, 8, -1, {}, 0, 0.0);
+    bm.add_request(2, p2.data(), 3, 8, -1, {}, 0, 0.0);
+    for (int it = 0;; ++it) {  // decode until the schedule pauses 2 (started last)
+      const ForwardMetadata& m = bm.schedule(it);
+      if (!bm.events().paused.empty()) break;
+      std::vector<TokenId> t(m.num_logits, 9);
+      bm.update(t.data(), m.num_logits, it);
+      bm.free_finished();
+      CHECK(it < 8);
+    }
+    CHECK_EQ(bm.events().paused, std::vector<RequestId>{2});
+    CHECK_EQ(bm.waiting_ids(), std::vector<RequestId>{2});
+    CHECK(bm.request_info(2).num_generated > 0);
+    CHECK(bm.finish_request(2, FinishReason::kStopString, 5.0));
+    CHECK(bm.waiting_ids().empty());
+    CHECK(!bm.finish_request(2, FinishReason::kStopString, 5.0));  // already finished
+    if (roll_back) {
+      CHECK(bm.rollback());  // the failed step gives 2 its sequence slot and blocks back: still ended
+      CHECK(bm.request_info(2).state == RequestState::kFinished);
+      CHECK(bm.request_info(2).seq_slot >= 0);
+    } else {
+      const ForwardMetadata& m = bm.metadata();
+      std::vector<TokenId> t(m.num_logits, 9);
+      bm.update(t.data(), m.num_logits, 6.0);
+    }
+    bm.check_invariants();
+    bm.free_finished();
+    CHECK(!bm.contains(2));
+    bm.check_invariants();
+    while (bm.has_unfinished()) {  // 1 runs to its end; 2 is never recomputed
+      const ForwardMetadata& m = bm.schedule(7.0);
+      CHECK(bm.events().assigned.empty() || bm.events().assigned == std::vector<RequestId>{1});
+      std::vector<TokenId> t(m.num_logits, 9);
+      bm.update(t.data(), m.num_logits, 7.0);
+      bm.free_finished();
+    }
+    CHECK_EQ(bm.num_free_blocks(), 3);
+    bm.check_all_seq_slots_free();
+  }
 }
 
 TEST(bad_requests_raise_and_change_nothing) {

@@ -2,6 +2,7 @@
 // the batch manager, checking the pools' invariants after every step: every block free,
 // cached or owned; reference counts equal owning tables; no sequence slot held by a
 // finished request; and everything back at the end.
+#include <algorithm>
 #include <random>
 #include <string>
 
@@ -116,7 +117,59 @@ void walk(CapacitySchedulerPolicy policy, QueuePolicy queue, bool chunked, uint3
   CHECK(steps > 1000);
 }
 
+// Max-utilization with more seats than batch rows (the overlap loop's pool), a small pool and
+// shared prefixes: requests admitted but not batched yet plan to share cached blocks of
+// requests that the same pass pauses. Such a block was counted twice (shared, and freed by
+// the pause), and prepare() ran out of blocks for a generation row (OutOfKvBlocksError;
+// found by the engine's soak, tests/test_soak.py).
+void crowded_walk(uint32_t seed, int32_t num_blocks) {
+  BatchManagerConfig c;
+  c.max_batch_size = 4;
+  c.max_num_tokens = 24;
+  c.max_seq_len = 48;
+  c.tokens_per_block = 4;
+  c.num_blocks = num_blocks;
+  c.num_seq_slots = 8;
+  c.enable_block_reuse = true;
+  c.policy = CapacitySchedulerPolicy::kMaxUtilization;
+  c.queue_policy = QueuePolicy::kPriority;
+  c.vocab_size = 50;
+  BatchManager bm(c);
+  std::mt19937 rng(seed);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  std::vector<std::vector<TokenId>> prefixes(3);
+  for (auto& p : prefixes)
+    for (int i = 0; i < 24; ++i) p.push_back(uni(0, 49));
+  RequestId next_id = 0;
+  for (int ops = 0; ops < 3000; ++ops) {
+    if (uni(0, 9) < 4 && bm.num_requests() < 12) {
+      std::vector<TokenId> prompt;
+      const auto& base = prefixes[uni(0, 2)];
+      prompt.assign(base.begin(), base.begin() + uni(1, 24));
+      for (int i = uni(0, 8); i > 0; --i) prompt.push_back(uni(0, 49));
+      const int room = std::min(48, num_blocks * 4) - static_cast<int>(prompt.size());
+      bm.add_request(next_id++, prompt.data(), static_cast<int32_t>(prompt.size()), uni(1, std::min(16, room)), -1,
+                     {}, 0, ops, static_cast<float>(uni(0, 3)) / 3.0f, 0);
+    } else {
+      const ForwardMetadata& m = bm.schedule(ops);
+      std::vector<TokenId> tokens(m.num_logits);
+      for (auto& t : tokens) t = uni(0, 49);
+      bm.update(tokens.data(), m.num_logits, ops);
+      bm.free_finished();
+      bm.check_invariants();
+    }
+  }
+  CHECK(bm.num_reuse_hits() > 0);
+}
+
 }  // namespace
+
+TEST(random_walk_max_utilization_more_seats_than_rows) {
+  crowded_walk(11, 24);
+  crowded_walk(13, 24);
+  crowded_walk(19, 12);
+  crowded_walk(37, 16);
+}
 
 TEST(random_walk_no_evict_fcfs) { walk(CapacitySchedulerPolicy::kGuaranteedNoEvict, QueuePolicy::kFcfs, true, 1); }
 TEST(random_walk_max_utilization_priority) {

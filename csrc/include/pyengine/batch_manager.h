@@ -114,10 +114,12 @@ class BatchManager {
   // min_new_tokens outside [0, max_new_tokens], prompt + max_new_tokens above max_seq_len,
   // or a request that could never fit the KV pool or the token budget.
   // `priority`: higher first under the PRIORITY queue policy. `cache_salt`: isolates the
-  // request's prefix-cache chain (0: shared).
+  // request's prefix-cache chain (0: shared). `reuse_prefix` false: the request never takes
+  // blocks from the prefix cache (every prompt position is computed, e.g. for prompt
+  // logprobs); its own full blocks are still cached for others.
   void add_request(RequestId id, const TokenId* prompt, int32_t prompt_len, int32_t max_new_tokens,
                    TokenId end_id, const std::vector<TokenId>& stop_token_ids, int32_t min_new_tokens,
-                   double now, float priority = 0.5f, uint64_t cache_salt = 0);
+                   double now, float priority = 0.5f, uint64_t cache_salt = 0, bool reuse_prefix = true);
   // Marks a request to be dropped at the next schedule(). Returns false if the id is
   // unknown (never added, or already finished and retired).
   bool abort_request(RequestId id);
@@ -126,16 +128,21 @@ class BatchManager {
   bool remove_waiting(RequestId id);
 
   // Runs the scheduling half of a step; returns the filled metadata (the same object as
-  // metadata()). Throws only on a broken internal invariant (std::logic_error).
+  // metadata()). Throws std::logic_error (changing nothing) if a finished request has not been
+  // retired by free_finished() (e.g. one ended by finish_request() while the batch holding it
+  // was rolled back), and otherwise only on a broken internal invariant.
   const ForwardMetadata& schedule(double now);
   // `tokens`: one per logits row of the last schedule(). Throws std::invalid_argument if
   // `num_tokens` differs from the batch's logits rows. The token of a request the caller
-  // ended after scheduling it (finish_request, with the overlap loop) is discarded.
+  // ended after scheduling it (finish_request, with the overlap loop) is discarded: that row
+  // has no output entry, so per-row data (logprobs) goes by events().logits_rows.
   void update(const TokenId* tokens, int32_t num_tokens, double now);
   // Ends a request that is generating, for a reason found by the caller (a stop string):
   // it is retired by the next free_finished() — with the overlap loop, after the batch in
-  // flight that holds it is updated. Returns false (changing nothing) if the request is
-  // unknown or not generating (an already finished one included).
+  // flight that holds it is updated. With the overlap loop the schedule may have paused it
+  // since its last token: it leaves the waiting queue then. Returns false (changing
+  // nothing) if the request is unknown, or neither generating nor paused after generating
+  // (an already finished one included).
   bool finish_request(RequestId id, FinishReason reason, double now);
   // Retires the requests finished by the last update(): KV blocks, then sequence slot.
   void free_finished();
