@@ -72,7 +72,7 @@ def test_debug_shows_the_traceback(tmp_path, where):
     assert done.returncode not in (0, 2)
     assert done.stderr.startswith("Traceback (most recent call last):"), done.stderr
     assert "pyengine: error:" not in done.stderr
-    assert done.stderr.rstrip().splitlines()[-1].startswith("pyengine.engine.engine.StartupError: pyengine start-up "
+    assert done.stderr.rstrip().splitlines()[-1].startswith("pyengine.StartupError: pyengine start-up "
                                                             "failed in phase 'config': FileNotFoundError: model "
                                                             "directory")
 

@@ -40,6 +40,8 @@ class StartupError(RuntimeError):
     """Engine(...) failed; `phase` names the start-up phase ("config", "weights",
     "kv_capacity", "scheduler", "executor") and the original exception is the cause."""
 
+    __module__ = "pyengine"  # raised to users as pyengine.StartupError, wherever it is defined
+
     def __init__(self, phase: str, error: BaseException) -> None:
         super().__init__(f"pyengine start-up failed in phase '{phase}': {type(error).__name__}: {error}")
         self.phase = phase
