@@ -39,15 +39,8 @@ def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def store_kv(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-) -> None:
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """`pyengine.layers.attention.store_kv` on CUDA tensors."""
     device = _cuda_device(key, "key")
     a = store_kv_args(key, value, k_cache, v_cache, slot_mapping, device, CACHE_CODES)
@@ -66,9 +59,8 @@ def store_kv(
     )
 
 
-def paged_attention_workspace(
-    num_tokens: int, num_heads: int, head_dim: int, max_context_len: int, device
-) -> torch.Tensor:
+def paged_attention_workspace(num_tokens: int, num_heads: int, head_dim: int, max_context_len: int,
+                              device) -> torch.Tensor:
     """A uint8 scratch tensor large enough for :func:`paged_attention` on batches of at most
     ``num_tokens`` query rows whose KV lengths are at most ``max_context_len``."""
     nbytes = _core._cuda_paged_attention_workspace_bytes(
@@ -77,23 +69,10 @@ def paged_attention_workspace(
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
-def paged_attention(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    scale: float,
-    sliding_window: int = 0,
-    *,
-    max_query_len: int,
-    max_context_len: int,
-    workspace: torch.Tensor,
-    out: torch.Tensor | None = None,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-) -> torch.Tensor:
+def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
+                    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, sliding_window: int = 0, *,
+                    max_query_len: int, max_context_len: int, workspace: torch.Tensor,
+                    out: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """`pyengine.layers.attention.paged_attention` on CUDA tensors."""
     device = _cuda_device(query, "query")
     a = attention_args(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, out, device,
