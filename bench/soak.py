@@ -97,7 +97,7 @@ def main() -> int:
     for name, run in result.runs.items():
         print(summary(name, run))
     if result.near_ties:
-        print(f"greedy divergences explained by a near-tie of the top two logits: {len(result.near_ties)} "
+        print(f"divergences explained by a near-tie in the sampler's choice: {len(result.near_ties)} "
               f"(request, position): {result.near_ties}")
     growth = 100.0 * (rss["end"] - rss["warmup"]) / rss["warmup"]
     print(f"RSS after warm-up ({warmup} ops): {rss['warmup'] / 1024:.1f} MiB; at the end: {rss['end'] / 1024:.1f} MiB; "

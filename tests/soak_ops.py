@@ -18,7 +18,7 @@ only the injected fault; engine.check_resources() holds after every step and, at
 every block and seat is back. Across engines, when a request has finished in all of them:
 tokens, finish reason, text, stop reason equal, logprobs and prompt logprobs equal to 4
 decimals (batches of other shapes round the last float bits differently; see logprobs_close),
-unless a greedy request's two top logits are a near-tie where the tokens part (TieCheck);
+unless the tokens part where the sampler's choice hangs on a near-tie (TieCheck);
 for a request that some engine aborted, the shorter token list must be a prefix of the
 longer (and the logprobs likewise).
 """
@@ -486,17 +486,20 @@ class SoakRun:
             self.fail(f"pools not full at the end: {s}")
 
 
-TIE_TOLERANCE = 1e-4
+TIE_NOISE = 1e-5
 
 
 class TieCheck:
-    """Tells a greedy near-tie from a bug. Batches of other shapes round the logits' last
-    bits differently, so where the top two logits of a greedy step are within that noise
-    (1e-6 apart: about once in 10^5 tokens here) the two engines may pick different tokens
-    and go on differently from there. A divergence is accepted only when a reference engine
-    (the prompt plus the common tokens, one greedy step, top-5 logprobs) shows both tokens
-    within TIE_TOLERANCE of each other, and the request's penalties and processors treat
-    both alike."""
+    """Tells a decision on a knife's edge from a bug. Batches of other shapes round the
+    logits' last bits differently (~1e-6), so where a step's choice hangs on a near-tie —
+    greedy's top two logits, the k-th and (k+1)-th under top_k, a token at the min_p or
+    top_p cut, the sampled uniform at a CDF boundary — the two engines may pick different
+    tokens and go on differently from there (the 100,000-operation soak meets a few). A
+    divergence at position j is accepted only when the sampler itself, run on a reference
+    engine's logits for the prompt plus the j common tokens with the request's parameters
+    (penalties, min_tokens, top_k/top_p/min_p, seed and counter, a banning processor),
+    picks each of the two tokens under some perturbation of those logits of at most
+    TIE_NOISE."""
 
     def __init__(self, model_dir: str | Path, cfg: SoakConfig) -> None:
         self.model_dir, self.cfg = model_dir, cfg
@@ -504,23 +507,47 @@ class TieCheck:
         self.accepted: list[tuple[int, int]] = []  # (request index, position)
 
     def explains(self, idx: int, spec: RequestSpec, common: tuple[int, ...], a: int, b: int) -> bool:
-        p = dict(spec.params)
-        if p.get("temperature", 1.0) != 0:
-            return False  # seeded sampling: no tolerance
-        seen = list(spec.prompt) + list(common)
-        if (a in seen) != (b in seen) or common.count(a) != common.count(b):
-            return False  # penalties would treat them differently
-        if spec.processor == "ban" and spec.ban in (a, b):
-            return False
+        import torch
+
+        from pyengine.sampler import Sampler
+
         if self.engine is None:
             self.engine = make_engine(self.model_dir, False, self.cfg, 0)
-        out = self.engine.generate([seen], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
-                                                          logprobs=5), use_tqdm=False)[0]
-        top = out.logprobs[0]
-        if a not in top or b not in top or abs(top[a] - top[b]) > TIE_TOLERANCE:
-            return False
-        self.accepted.append((idx, len(common)))
-        return True
+        engine = self.engine
+        rows: list = []
+
+        def capture(ids, row):
+            rows.append(row.clone())
+            return row
+
+        engine.generate([list(spec.prompt) + list(common)],
+                        SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, logits_processors=[capture]),
+                        use_tqdm=False)
+        p = dict(spec.params)
+        if spec.processor == "ban":
+            ban = spec.ban
+
+            def ban_token(ids, row):
+                row[ban] = float("-inf")
+                return row
+
+            p["logits_processors"] = [ban_token]
+        params = SamplingParams(**p)
+        eos = [] if params.ignore_eos else list(engine.model_config.eos_token_ids)
+        sampler = Sampler(1, engine.model_config.vocab_size, seed=0)
+        sampler.init_slot(0, params, list(spec.prompt), list(common), eos + list(params.stop_token_ids),
+                          params.seed if params.seed is not None else 0)
+        g = torch.Generator().manual_seed(idx)
+        picked = set()
+        for trial in range(64):
+            row = rows[0].clone()
+            if trial:
+                row += (torch.rand(row.shape, generator=g) * 2 - 1) * TIE_NOISE
+            picked.add(int(sampler.sample(row[None], torch.tensor([0])).tokens[0]))
+            if a in picked and b in picked:
+                self.accepted.append((idx, len(common)))
+                return True
+        return False
 
     def close(self) -> None:
         if self.engine is not None:
@@ -562,7 +589,7 @@ class SoakResult:
     ops: int
     runs: dict[str, SoakRun]
     compared: int
-    near_ties: list[tuple[int, int]]  # greedy divergences explained by a near-tie: (request, position)
+    near_ties: list[tuple[int, int]]  # divergences explained by a near-tie (TieCheck): (request, position)
 
 
 def run_soak(model_dir: str | Path, seed: int, num_ops: int, modes: dict[str, bool],

@@ -273,6 +273,11 @@ bool BatchManager::Impl::rollback() {
   }
   snapshots_.clear();
   active_ = saved_active_;
+  // The queue as the schedule found it (its pauses included), less what ended since: a
+  // request the schedule paused that the caller then ended (finish_request).
+  saved_waiting_.erase(std::remove_if(saved_waiting_.begin(), saved_waiting_.end(),
+                                      [](const Request* r) { return r->is_finished(); }),
+                       saved_waiting_.end());
   waiting_.restore(std::move(saved_waiting_));
   start_counter_ = saved_start_counter_;
   kv_resource_->restore_stats(saved_reused_tokens_, saved_reuse_hits_);
@@ -288,13 +293,14 @@ const ForwardMetadata& BatchManager::Impl::schedule(double now) {
     if (r->is_finished())
       throw std::logic_error("request " + str(r->id) + " is finished but not retired: free_finished() must run "
                              "before schedule()");
+  commit_transaction();
   clear_events(events_);
   drop_aborted();  // aborts are committed: they never come back
-  begin_transaction();
 
   CapacitySchedule cap = capacity_.schedule(active_, waiting_.requests(), kv_);
-  for (Request* r : cap.admitted) snapshot(r);
-  // Pause: free first, then requeue at the front (earliest started ends up first).
+  // Pause: free first, then requeue at the front (earliest started ends up first). Pauses
+  // are committed too, before the transaction: this step's forward may write into the
+  // blocks they free, so a rollback must not hand those blocks back to them.
   for (Request* r : cap.paused) {
     events_.paused.push_back(r->id);
     events_.paused_slots.push_back(r->seq_slot);
@@ -303,6 +309,8 @@ const ForwardMetadata& BatchManager::Impl::schedule(double now) {
     r->reset_for_recompute();
   }
   for (Request* r : cap.paused) waiting_.push_front(r);
+  begin_transaction();
+  for (Request* r : cap.admitted) snapshot(r);
   for (Request* r : cap.admitted) {
     waiting_.erase(r);
     r->state = RequestState::kContextInProgress;

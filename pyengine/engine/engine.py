@@ -131,8 +131,9 @@ class Engine:
 
         Atomic: if the forward, the sampler or a user's logits processor raises, the
         exception reaches the caller and the engine is as it was before the step (same
-        requests in the same states, no sequence slot or block changed hands); calling
-        step() again continues. Aborts requested before the step take effect regardless, and
+        requests in the same states, no sequence slot or block changed hands -- except that
+        requests the step paused stay paused, to be recomputed); calling step() again
+        continues. Aborts requested before the step take effect regardless, and
         outputs already produced (the previous step's, with overlap) come with the next step
         that succeeds."""
         self._check_open()

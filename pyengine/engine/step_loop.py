@@ -11,9 +11,10 @@ arrives one call later, identical to the plain loop's. Where the loop waits for 
 
 Atomic: if scheduling the sampler rows, the forward, the sampler or a user's logits processor
 raises, `_undo_schedule` rolls the batch manager back (`BatchManager::rollback`) and releases
-the sampler rows, so the engine is as it was before the step; outputs already built (the
-previous step's, with overlap, and the aborts the schedule dropped) come with the next step that
-succeeds.
+the sampler rows, so the engine is as it was before the step -- except that the requests the
+step paused stay paused (the failed forward may have written into the blocks their pause freed)
+and are recomputed later, outputs unchanged; outputs already built (the previous step's, with
+overlap, and the aborts the schedule dropped) come with the next step that succeeds.
 """
 
 from __future__ import annotations
@@ -156,8 +157,9 @@ class StepLoop:
         return batch
 
     def _undo_schedule(self, batch: Batch) -> None:
-        """A step failed: roll the schedule back (the aborts it dropped stay dropped; the caller
-        keeps their final outputs for the next step that succeeds)."""
+        """A step failed: roll the schedule back (the aborts it dropped stay dropped, the caller
+        keeps their final outputs for the next step that succeeds; the requests it paused stay
+        paused)."""
         if self.runner.is_cuda:  # the failed step's queued copies and kernels finish first:
             self.runner.stream.synchronize()  # the next schedule rewrites the buffers they read
         self._release_sampler_rows(batch.events)
@@ -174,14 +176,11 @@ class StepLoop:
             self._init_sampler_row(self.table.records[core_id], slot)
 
     def _release_sampler_rows(self, events: dict) -> None:
-        """Undoes _assign_sampler_rows for a step that failed (paused requests get their slots
-        back, so their rows are rebuilt from their tokens)."""
+        """Undoes _assign_sampler_rows for a step that failed: the newly assigned rows go. (The
+        requests it paused stay paused, rows released: the batch manager's rollback keeps
+        pauses, whose freed blocks the failed forward may have written.)"""
         for slot in events["assigned_slots"]:
             self.sampler.release_slot(slot)
-        for core_id, slot in zip(events["paused"], events["paused_slots"]):
-            rec = self.table.records.get(core_id)
-            if rec is not None and slot >= 0:  # paused before it ever held a slot: no row
-                self._init_sampler_row(rec, slot)
 
     def _init_sampler_row(self, rec: RequestRecord, slot: int) -> None:
         self.sampler.init_slot(slot, rec.params, rec.prompt_token_ids, rec.token_ids, rec.stop_ids, rec.seed)

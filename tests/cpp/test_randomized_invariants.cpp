@@ -76,14 +76,19 @@ void walk(CapacitySchedulerPolicy policy, QueuePolicy queue, bool chunked, uint3
       abort_pending |= bm.abort_request(live[uni(0, static_cast<int>(live.size()) - 1)]);
     } else {  // step
       if (!abort_pending && uni(0, 4) == 0) {  // a failed forward: schedule, then roll back
-        // (aborts are committed by schedule() whatever happens next, so compare without them)
+        // (aborts and pauses are committed by schedule() whatever happens next, so compare
+        // without them)
         const std::string before = observable_state(bm);
         const int32_t reusable = bm.num_reusable_blocks();
         bm.schedule(ops);
+        const bool paused = !bm.events().paused.empty();
         CHECK(bm.rollback());
         CHECK(!bm.rollback());
-        CHECK_EQ(observable_state(bm), before);
-        CHECK(bm.num_reusable_blocks() <= reusable);  // evictions stay evicted
+        if (!paused) {
+          CHECK_EQ(observable_state(bm), before);
+          CHECK(bm.num_reusable_blocks() <= reusable);  // evictions stay evicted
+        }
+        for (RequestId id : bm.events().paused) CHECK(bm.request_info(id).seq_slot < 0);
         bm.check_invariants();
       }
       const ForwardMetadata& m = bm.schedule(ops);

@@ -146,10 +146,12 @@ class BatchManager {
   bool finish_request(RequestId id, FinishReason reason, double now);
   // Retires the requests finished by the last update(): KV blocks, then sequence slot.
   void free_finished();
-  // Undoes the last schedule() (but not the aborts it dropped, which stay dropped): the
-  // caller's forward or sampling failed, and the engine must be as before the step —
-  // same requests in the same states, no sequence slot or block changed hands. Valid
-  // between schedule() and update(); returns false (doing nothing) otherwise.
+  // Undoes the last schedule() (but not the aborts it dropped, which stay dropped, nor the
+  // pauses it decided: the failed forward may have written into the blocks they freed, so
+  // those requests stay paused and are recomputed): the caller's forward or sampling
+  // failed, and the engine must be as before the step -- the other requests in the same
+  // states, no other sequence slot or block changed hands. Valid between schedule() and
+  // update(); returns false (doing nothing) otherwise.
   bool rollback();
 
   // Returns true while any request is queued, running or finished but not yet retired.
