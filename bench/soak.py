@@ -47,7 +47,8 @@ def summary(name: str, run: SoakRun) -> str:
     aborts = ", ".join(f"{kind} {verdict} {n}" for (kind, verdict), n in sorted(c.aborts.items()))
     return (f"  {name}: {c.steps} steps ({c.failed_steps} failed by injection), faults fired "
             f"{dict(sorted(run.faults.fired.items()))}, requests {run.num_added} (finished "
-            f"{dict(sorted(c.finished.items()))}), bad add_requests refused {c.bad_adds}\n"
+            f"{dict(sorted(c.finished.items()))}), bad add_requests refused {c.bad_adds}, final texts re-decoded "
+            f"{c.redecoded}\n"
             f"    aborts: {aborts}")
 
 
