@@ -442,7 +442,8 @@ class SoakRun:
             exact = self.engine.tokenizer.decode(o.token_ids, skip_special_tokens=sp.skip_special_tokens)
             if not (o.finished and not isinstance(o.stop_reason, str) and o.text == exact and o.new_text == ""):
                 self.fail(f"request {idx}: text {o.text!r} (new {o.new_text!r}) does not extend {lv.text!r} "
-                          f"({dict(lv.spec.params)}, {len(o.token_ids)} tokens)")
+                          f"({dict(lv.spec.params)}, prompt {lv.spec.prompt}, tokens {o.token_ids}, "
+                          f"{o.finish_reason} {o.stop_reason!r}, exact decode {exact!r})")
             self.counts.redecoded += 1
         lv.text = o.text
         if not o.finished:

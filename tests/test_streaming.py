@@ -88,6 +88,27 @@ def test_a_stop_string_completed_at_min_tokens_never_takes_back_streamed_text(ll
     assert outs[-1].finish_reason == "stop" and outs[-1].stop_reason == stop
 
 
+def test_a_stop_string_that_ended_before_min_tokens_never_takes_back_streamed_text():
+    """stop=["th", " t"], min_tokens=3: " t" completes with token 2 (not checked yet) while
+    its "t" is held back as a possible "th"; token 3 must not cut the text before " t"
+    (it did: "Q " shown, then "Q"). Found by the soak (tests/test_soak.py)."""
+    from pyengine.engine.outputs import RequestMetrics, RequestRecord
+
+    class Pieces:  # a tokenizer whose tokens decode to fixed strings
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join({1: "Q", 2: " t", 3: "x"}[i] for i in ids)
+
+    state = RequestRecord(request_id=0, core_id=0, prompt_token_ids=[1], params=SamplingParams(stop=["th", " t"], min_tokens=3),
+                         seed=0, stop_ids=[], detokenizer=IncrementalDetokenizer(Pieces()),
+                         metrics=RequestMetrics(arrival_time=0.0))
+    shown = []
+    for token in (1, 2, 3):
+        new_text, stopped = state.append_token(token, None, final=False)
+        assert not stopped and state.text.startswith("".join(shown))
+        shown.append(new_text)
+    assert "".join(shown) == state.text == "Q tx"
+
+
 def test_stop_string_helpers():
     assert find_stop_string("hello world", 0, ["wor", "lo"]) == (3, "lo")
     assert find_stop_string("hello world", 8, ["wor"]) == (6, "wor")  # ends after start

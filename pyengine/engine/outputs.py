@@ -123,9 +123,11 @@ class RequestRecord:
         stops = self.params.stop
         if stops:
             if len(self.token_ids) >= self.params.min_tokens:
-                hit = find_stop_string(full, before, stops)
+                # in what has not been shown (what has stays: a stop string's beginning is
+                # held back, but under min_tokens a whole one may sit before another's)
+                hit = find_stop_string(full[before:], 0, stops)
                 if hit is not None:
-                    index, s = hit
+                    index, s = hit[0] + before, hit[1]
                     self.text = full[: index + len(s)] if self.params.include_stop_str_in_output else full[:index]
                     self.stop_reason = s
                     return self.text[before:], True
