@@ -516,7 +516,7 @@ class TieCheck:
     def explains(self, idx: int, spec: RequestSpec, common: tuple[int, ...], a: int, b: int) -> bool:
         import torch
 
-        from pyengine.sampler import Sampler
+        from pyengine.sampling.sampler import Sampler
 
         if self.engine is None:
             self.engine = make_engine(self.model_dir, False, self.cfg, 0)
