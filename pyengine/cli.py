@@ -36,8 +36,7 @@ def demo_checkpoint() -> tuple[Path, bool]:
     the call, tells which one happens."""
     from pyengine.testing import checkpoints
 
-    cached = checkpoints.default_cache_root() / DEMO_CHECKPOINT
-    reused = checkpoints._read_stamp(cached) == checkpoints._stamp_for(DEMO_MODEL)
+    reused = checkpoints.is_cached(DEMO_CHECKPOINT, DEMO_MODEL)
     return checkpoints.cached_checkpoint(DEMO_CHECKPOINT, DEMO_MODEL), not reused
 
 

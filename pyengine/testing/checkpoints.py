@@ -412,6 +412,12 @@ def _read_stamp(d: Path) -> dict[str, Any] | None:
         return None
 
 
+def is_cached(name: str, builder_kwargs: dict[str, Any] | None = None, root: Path | str | None = None) -> bool:
+    """True when ``cached_checkpoint(name, builder_kwargs, root)`` would reuse a built checkpoint."""
+    root = Path(root) if root is not None else default_cache_root()
+    return _read_stamp(root / name) == _stamp_for(dict(builder_kwargs or {}))
+
+
 def cached_checkpoint(
     name: str, builder_kwargs: dict[str, Any] | None = None, root: Path | str | None = None
 ) -> Path:
