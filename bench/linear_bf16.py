@@ -60,11 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=0, help="calls per measurement (0: 200, quick 50)")
     args = p.parse_args(argv)
     set_threads(BENCH_THREADS)
-    from pyengine.layers.linear import isa, linear_bf16
+    from pyengine.layers.linear import linear_bf16
+    from pyengine.layers.cpu_features import cpu_info
 
     iters = args.iters or (50 if args.quick else 200)
     bandwidth = dram_read_bandwidth()
-    print(f"linear_bf16 ({isa()}), M={args.rows}, {BENCH_THREADS} threads, {machine_info()['cpu']}; "
+    print(f"linear_bf16 ({cpu_info().isa}), M={args.rows}, {BENCH_THREADS} threads, {machine_info()['cpu']}; "
           f"idle DRAM read {bandwidth / 1e9:.1f} GB/s")
     print("| layer | N x K | kernel GB/s | torch bf16 GB/s | torch fp32 GB/s | kernel vs DRAM | kernel / torch bf16 |")
     print("|---|---|---|---|---|---|---|")

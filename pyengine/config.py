@@ -119,6 +119,7 @@ class EngineConfig:
     device: str | torch.device = "cpu"
     cuda_graphs: bool = True
     cuda_graph_batch_sizes: Sequence[int] | None = None
+    exact_fp32: bool = False
 
     def __post_init__(self) -> None:
         self.model = Path(self.model)
@@ -136,6 +137,8 @@ class EngineConfig:
         if not isinstance(self.cuda_graphs, bool):
             raise TypeError(f"cuda_graphs must be a bool, got {self.cuda_graphs!r}")
         self.overlap = bool(self.overlap)
+        if not isinstance(self.exact_fp32, bool):
+            raise TypeError(f"exact_fp32 must be a bool, got {self.exact_fp32!r}")
 
     @property
     def num_seq_slots(self) -> int:

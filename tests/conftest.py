@@ -3,16 +3,55 @@ pool-conservation check that runs after every test that creates an engine."""
 
 from __future__ import annotations
 
+import platform
 import weakref
 from pathlib import Path
 
 import pytest
 import torch
 
-from pyengine import Engine
+import pyengine.core._core as _core
+from pyengine import Engine, cpu_info
+from pyengine.layers.cpu_features import set_cpu_isa
 from pyengine.testing.checkpoints import build_tiny_checkpoint
 
 torch.set_num_threads(2)
+
+# The CPU kernels' instruction-set levels of this architecture (pyengine/cpu_isa.h).
+ISA_LEVELS = ("generic", "neon") if platform.machine() in ("aarch64", "arm64") else ("generic", "avx2", "avx512")
+_isa_levels_ran: dict[str, int] = {}
+_isa_levels_missing: set[str] = set()
+
+
+@pytest.fixture(params=ISA_LEVELS)
+def cpu_isa(request):
+    """Runs the test with every CPU kernel at one instruction-set level; a level this CPU lacks
+    is skipped, saying so (never silently run at another level)."""
+    level = request.param
+    supported = _core._supported_cpu_isas()
+    if level not in supported:
+        _isa_levels_missing.add(level)
+        pytest.skip(f"CPU level {level} is not available on this CPU (it has {', '.join(supported)})")
+    previous = _core._cpu_isa()
+    set_cpu_isa(level)
+    _isa_levels_ran[level] = _isa_levels_ran.get(level, 0) + 1
+    try:
+        yield level
+    finally:
+        set_cpu_isa(previous)
+
+
+def pytest_report_header(config):
+    return f"pyengine CPU: {cpu_info()}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _isa_levels_ran or _isa_levels_missing:
+        ran = ", ".join(f"{lvl} ({n} tests)" for lvl, n in _isa_levels_ran.items()) or "none"
+        line = f"CPU kernel tests ran at instruction-set levels: {ran}"
+        if _isa_levels_missing:
+            line += f"; not available on this CPU: {', '.join(sorted(_isa_levels_missing))}"
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

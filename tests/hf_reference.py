@@ -81,3 +81,28 @@ def near_tie_check(model_dir: Path, prompts: list[list[int]], outputs: list[list
         flips += sum(g > 0 for g in gaps)
         positions += len(gaps)
     return beyond, flips, positions
+
+
+#: pyengine's fp32 GEMV adds in another order than torch's GEMM: its logits differ from
+#: transformers' fp32 ones by at most 3.1e-6 of the largest |logit| (measured at every
+#: instruction-set level on an AVX2 EPYC, 256 forwards of the tiny llama). Two logits then move
+#: apart by at most ~6.2e-6, so a greedy token may differ from transformers' only where its
+#: logit is within that of the top one; 3e-5 leaves a 5x margin. Real bugs move logits by 1e-3
+#: and more.
+FP32_NEAR_TIE = 3e-5
+
+
+def fp32_first_divergence(model_dir: Path, prompt: list[int], tokens: list[int], reference: list[int],
+                          device: str = "cpu") -> tuple[int, float] | None:
+    """Where greedy `tokens` first differ from transformers' greedy `reference` (None if
+    nowhere), and how near a tie that position is: (index, gap), gap = transformers' top fp32
+    logit minus its logit of tokens[index], relative to the largest |logit| there. Later
+    positions are not compared: the two continuations condition on different prefixes (as
+    vLLM's check_outputs_equal / check_logprobs_close stop at the first mismatch)."""
+    i = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
+    if i is None:
+        return None
+    ids = torch.tensor([prompt + reference[:i]], device=device)
+    with torch.inference_mode():
+        logits = hf_model(str(model_dir), torch.float32, device)(ids).logits[0, -1].double()
+    return i, float((logits.max() - logits[tokens[i]]) / logits.abs().max())

@@ -8,7 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import pyengine.core._core as _core
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
+from pyengine.layers.cpu_features import set_cpu_isa
 from pyengine.layers import elementwise as ew
 from pyengine.layers.norm import rms_norm
 from pyengine.layers.rotary import rotate_half
@@ -36,7 +38,7 @@ def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,hidden", [(1, 576), (3, 64), (15, 1000), (7, 17)])
-def test_rms_norm_matches_transformers_order(dtype, rows, hidden):
+def test_rms_norm_matches_transformers_order(dtype, rows, hidden, cpu_isa):
     g = torch.Generator().manual_seed(rows * hidden)
     x = (torch.randn(rows, hidden, generator=g) * 3).to(dtype)
     w = torch.randn(hidden, generator=g).to(dtype)
@@ -44,7 +46,7 @@ def test_rms_norm_matches_transformers_order(dtype, rows, hidden):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_add_rms_norm_adds_in_place_then_normalizes(dtype):
+def test_add_rms_norm_adds_in_place_then_normalizes(dtype, cpu_isa):
     g = torch.Generator().manual_seed(1)
     x, residual = torch.randn(5, 96, generator=g).to(dtype), torch.randn(5, 96, generator=g).to(dtype)
     w = torch.randn(96, generator=g).to(dtype)
@@ -56,7 +58,7 @@ def test_add_rms_norm_adds_in_place_then_normalizes(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens,heads,head_dim", [(1, 9, 64), (4, 3, 64), (15, 2, 128), (2, 1, 6)])
-def test_rotary_embedding_equals_torch_bit_for_bit(dtype, tokens, heads, head_dim):
+def test_rotary_embedding_equals_torch_bit_for_bit(dtype, tokens, heads, head_dim, cpu_isa):
     g = torch.Generator().manual_seed(tokens + heads)
     fused = torch.randn(tokens, 2 * heads + 1, head_dim, generator=g).to(dtype)  # a view inside rows
     x = fused[:, 1: heads + 1]
@@ -72,11 +74,40 @@ def test_rotary_embedding_equals_torch_bit_for_bit(dtype, tokens, heads, head_di
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_mul_within_an_ulp_or_two(dtype):
+def test_silu_mul_within_an_ulp_or_two(dtype, cpu_isa):
     g = torch.Generator().manual_seed(3)
     gate_up = (torch.randn(6, 2 * 300, generator=g) * 4).to(dtype)
     gate, up = gate_up.chunk(2, dim=-1)
     assert ulps(ew.silu_mul(gate_up), F.silu(gate) * up) <= SILU_ULPS[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_level_rounds_the_same(dtype):
+    """The elementwise kernels are compiled without fused multiply-adds, so every instruction-set
+    level gives bit-identical results."""
+    g = torch.Generator().manual_seed(5)
+    x, residual = (torch.randn(7, 200, generator=g) * 3).to(dtype), torch.randn(7, 200, generator=g).to(dtype)
+    w = torch.randn(200, generator=g).to(dtype)
+    gate_up = (torch.randn(6, 2 * 300, generator=g) * 4).to(dtype)
+    table = torch.randn(50, 64, generator=g)
+    cos, sin = table.cos().to(dtype), table.sin().to(dtype)
+    q = torch.randn(5, 3, 64, generator=g).to(dtype)
+    positions = torch.randint(0, 50, (5,), generator=g, dtype=torch.int32)
+    previous = _core._cpu_isa()
+    results = {}
+    try:
+        for level in _core._supported_cpu_isas():
+            set_cpu_isa(level)
+            res = residual.clone()
+            rq = q.clone()
+            ew.rotary_embedding_(rq, cos, sin, positions)
+            results[level] = (ew.rms_norm(x, w, 1e-6), ew.add_rms_norm(x, res, w, 1e-6), res,
+                              ew.silu_mul(gate_up), rq)
+    finally:
+        set_cpu_isa(previous)
+    for level, got in results.items():
+        for a, b in zip(got, results["generic"]):
+            assert torch.equal(a, b), level
 
 
 def test_errors_name_the_argument():
@@ -96,16 +127,16 @@ PROMPTS = [list(range(3, 40)), [5, 9, 44, 71, 100, 3, 8], [300, 12, 17] * 9, lis
 SHORT_PROMPTS = [[7, 8, 9], [5, 9, 44, 71, 100, 3, 8], [300, 12], [42] * 5]
 
 
-def decode_logits(model_dir, cpp: bool, monkeypatch, prompts=PROMPTS,
-                  max_num_tokens: int = 256) -> tuple[list[list[int]], list[torch.Tensor]]:
+def decode_logits(model_dir, cpp: bool, monkeypatch, prompts=PROMPTS, max_num_tokens: int = 256,
+                  dtype: str = "bfloat16") -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy outputs and the logits of every forward of at most 15 rows, with the C++
-    all-layers path or the Python forward (fused elementwise kernels)."""
+    all-layers path or the Python forward (fused elementwise kernels, pyengine's linears)."""
     monkeypatch.setenv("PYENGINE_BF16_MATMUL", "fp32")  # as on a CPU without bf16 instructions
-    engine = Engine(model_dir, dtype="bfloat16", max_seq_len=256, seed=0,
+    engine = Engine(model_dir, dtype=dtype, max_seq_len=256, seed=0,
                     kv_cache_config=KvCacheConfig(max_tokens=2048, tokens_per_block=min(16, max_num_tokens)),
                     scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=max_num_tokens))
     runner = engine._runner
-    assert (runner.cpu_decode is not None) and runner.model.emulate_bf16
+    assert (runner.cpu_decode is not None) and (runner.model.emulate_bf16 or runner.model.fast_fp32)
     if not cpp:
         runner.cpu_decode = None
     logits = []
@@ -122,12 +153,14 @@ def decode_logits(model_dir, cpp: bool, monkeypatch, prompts=PROMPTS,
     return [r.token_ids for r in res], logits
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("variant", [dict(model_type="llama", num_heads=4, num_kv_heads=2),
                                      dict(model_type="qwen2", num_heads=4, num_kv_heads=1, tie_word_embeddings=True)])
-def test_cpp_decode_layers_equal_the_python_forward_bit_for_bit(checkpoint_factory, monkeypatch, variant):
+def test_cpp_decode_layers_equal_the_python_forward_bit_for_bit(checkpoint_factory, monkeypatch, variant, dtype,
+                                                                 cpu_isa):
     model_dir = checkpoint_factory(f"fused_{variant['model_type']}", **variant)
-    tokens_py, logits_py = decode_logits(model_dir, cpp=False, monkeypatch=monkeypatch)
-    tokens_cpp, logits_cpp = decode_logits(model_dir, cpp=True, monkeypatch=monkeypatch)
+    tokens_py, logits_py = decode_logits(model_dir, cpp=False, monkeypatch=monkeypatch, dtype=dtype)
+    tokens_cpp, logits_cpp = decode_logits(model_dir, cpp=True, monkeypatch=monkeypatch, dtype=dtype)
     assert tokens_cpp == tokens_py
     assert len(logits_cpp) == len(logits_py) > 10
     for a, b in zip(logits_cpp, logits_py):

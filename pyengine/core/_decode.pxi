@@ -1,5 +1,5 @@
-# Cython binding of the CPU bf16 decode-layers kernel (csrc/include/pyengine/cpu_decode.h).
-# Included by _core.pyx. The torch-facing side is pyengine/cpu_decode.py.
+# Cython binding of the CPU decode-layers kernel (csrc/include/pyengine/cpu_decode.h).
+# Included by _core.pyx. The torch-facing side is pyengine/layers/fused_decode.py.
 
 from libc.stdint cimport int32_t, int64_t, uintptr_t
 
@@ -10,13 +10,14 @@ cdef extern from "pyengine/cpu_decode.h" namespace "pyengine::kernels" nogil:
         float rms_norm_eps, scale
         int32_t sliding_window, max_position, tokens_per_block, max_blocks_per_seq
         DType cache_dtype
+        DType dtype
     int64_t decode_scratch_elements(const DecodeShape& shape, int32_t num_tokens)
-    void decode_layers_bf16(void* h, int32_t num_tokens, const uintptr_t* layer_ptrs,
-                            const DecodeShape& shape, const void* cos, const void* sin,
-                            const int32_t* positions, const int32_t* slot_mapping,
-                            const int32_t* query_start_loc, const int32_t* seq_lens,
-                            const int32_t* block_tables, int32_t num_seqs, void* scratch,
-                            int64_t scratch_elements, int32_t num_threads) except +
+    void decode_layers(void* h, int32_t num_tokens, const uintptr_t* layer_ptrs,
+                       const DecodeShape& shape, const void* cos, const void* sin,
+                       const int32_t* positions, const int32_t* slot_mapping,
+                       const int32_t* query_start_loc, const int32_t* seq_lens,
+                       const int32_t* block_tables, int32_t num_seqs, void* scratch,
+                       int64_t scratch_elements, int32_t num_threads) except +
 
 
 DECODE_LAYER_POINTERS = kDecodeLayerPointers
@@ -29,7 +30,7 @@ cdef class CoreDecodeShape:
     def __init__(self, *, int32_t num_layers, int32_t hidden, int32_t num_heads, int32_t num_kv_heads,
                  int32_t head_dim, int32_t intermediate, float rms_norm_eps, float scale,
                  int32_t sliding_window, int32_t max_position, int32_t tokens_per_block,
-                 int32_t max_blocks_per_seq, int cache_dtype):
+                 int32_t max_blocks_per_seq, int cache_dtype, int dtype):
         self.s.num_layers = num_layers
         self.s.hidden = hidden
         self.s.num_heads = num_heads
@@ -43,6 +44,7 @@ cdef class CoreDecodeShape:
         self.s.tokens_per_block = tokens_per_block
         self.s.max_blocks_per_seq = max_blocks_per_seq
         self.s.cache_dtype = <DType>cache_dtype
+        self.s.dtype = <DType>dtype
 
     def scratch_elements(self, int32_t num_tokens) -> int:
         return decode_scratch_elements(self.s, num_tokens)
@@ -51,11 +53,11 @@ cdef class CoreDecodeShape:
             uintptr_t positions, uintptr_t slot_mapping, uintptr_t query_start_loc, uintptr_t seq_lens,
             uintptr_t block_tables, int32_t num_seqs, uintptr_t scratch, int64_t scratch_elements,
             int32_t num_threads):
-        """Raw decode_layers_bf16 (addresses are data_ptr() values). Raises ValueError naming
+        """Raw decode_layers (addresses are data_ptr() values). Raises ValueError naming
         the bad argument."""
         with nogil:
-            decode_layers_bf16(<void*>h, num_tokens, <const uintptr_t*>layer_ptrs, self.s,
-                               <const void*>cos, <const void*>sin, <const int32_t*>positions,
-                               <const int32_t*>slot_mapping, <const int32_t*>query_start_loc,
-                               <const int32_t*>seq_lens, <const int32_t*>block_tables, num_seqs,
-                               <void*>scratch, scratch_elements, num_threads)
+            decode_layers(<void*>h, num_tokens, <const uintptr_t*>layer_ptrs, self.s,
+                          <const void*>cos, <const void*>sin, <const int32_t*>positions,
+                          <const int32_t*>slot_mapping, <const int32_t*>query_start_loc,
+                          <const int32_t*>seq_lens, <const int32_t*>block_tables, num_seqs,
+                          <void*>scratch, scratch_elements, num_threads)

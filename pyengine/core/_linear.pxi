@@ -1,18 +1,32 @@
-# Cython bindings of the CPU bf16 linear kernel (csrc/include/pyengine/cpu_linear.h).
-# Included by _core.pyx. The torch-facing API (argument checks) is pyengine/cpu_linear.py;
+# Cython bindings of the CPU linear kernels (csrc/include/pyengine/cpu_linear.h) and of the
+# run-time instruction-set level of every CPU kernel (csrc/include/pyengine/cpu_isa.h).
+# Included by _core.pyx. The torch-facing API (argument checks) is pyengine/layers/linear.py;
 # these wrappers take raw addresses (tensor.data_ptr()) and sizes.
 
 from libc.stdint cimport int32_t, uint16_t, uintptr_t
+from libcpp.string cimport string
+from libcpp.vector cimport vector
 
 cdef extern from "pyengine/cpu_linear.h" namespace "pyengine::kernels" nogil:
-    const int32_t kLinearBf16MaxRows
+    const int32_t kLinearMaxRows
     void linear_bf16(uint16_t* y, const uint16_t* x, const uint16_t* weight,
                      const uint16_t* bias, int32_t M, int32_t N, int32_t K,
                      int32_t num_threads) except +
-    const char* linear_bf16_isa()
+    void linear_f32(float* y, const float* x, const float* weight, const float* bias,
+                    int32_t M, int32_t N, int32_t K, int32_t num_threads) except +
+
+cdef extern from "pyengine/cpu_isa.h" namespace "pyengine":
+    cdef enum class CpuIsa(int32_t):
+        pass
+    const char* cpu_isa_name(CpuIsa isa)
+    CpuIsa parse_cpu_isa(const string& name) except +
+    vector[CpuIsa] supported_cpu_isas()
+    CpuIsa cpu_isa() except +
+    string cpu_isa_reason()
+    void set_cpu_isa(CpuIsa isa) except +
 
 
-LINEAR_BF16_MAX_ROWS = kLinearBf16MaxRows
+LINEAR_MAX_ROWS = kLinearMaxRows
 
 
 def _linear_bf16(uintptr_t y, uintptr_t x, uintptr_t weight, uintptr_t bias, int32_t M,
@@ -24,6 +38,31 @@ def _linear_bf16(uintptr_t y, uintptr_t x, uintptr_t weight, uintptr_t bias, int
                     <const uint16_t*>bias, M, N, K, num_threads)
 
 
-def _linear_bf16_isa():
-    """The code path _linear_bf16 takes on this machine: "avx512" or "generic"."""
-    return linear_bf16_isa().decode()
+def _linear_f32(uintptr_t y, uintptr_t x, uintptr_t weight, uintptr_t bias, int32_t M,
+                int32_t N, int32_t K, int32_t num_threads):
+    """Raw linear_f32, as _linear_bf16."""
+    with nogil:
+        linear_f32(<float*>y, <const float*>x, <const float*>weight, <const float*>bias,
+                   M, N, K, num_threads)
+
+
+def _cpu_isa() -> str:
+    """The instruction-set level the CPU kernels run at ("generic", "avx2", "avx512", "neon").
+    Raises ValueError when PYENGINE_CPU_ISA names an unknown level or one the CPU lacks."""
+    return cpu_isa_name(cpu_isa()).decode()
+
+
+def _cpu_isa_reason() -> str:
+    """Why _cpu_isa() is what it is (or the PYENGINE_CPU_ISA error)."""
+    return cpu_isa_reason().decode()
+
+
+def _supported_cpu_isas() -> list:
+    """The levels this CPU supports, lowest first."""
+    return [cpu_isa_name(l).decode() for l in supported_cpu_isas()]
+
+
+def _set_cpu_isa(str name):
+    """Runs the CPU kernels at level `name` from now on. Raises ValueError for an unknown level
+    or one this CPU lacks."""
+    set_cpu_isa(parse_cpu_isa(name.encode()))

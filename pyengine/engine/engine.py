@@ -42,6 +42,15 @@ class Engine:
         next captured size); False runs every batch eagerly. Ignored on the CPU.
     cuda_graph_batch_sizes: the batch sizes captured (default 1, 2, 4, 8, 16, ... up to
         max_batch_size).
+    exact_fp32: on the CPU in float32, run every matmul through torch, so that logits are
+        bit-identical to transformers' at the same batch shape. By default small (decode)
+        batches use pyengine's own fp32 GEMV and run all layers in one C++ call, about twice as
+        fast at batch 1; its sums run in another order, so a greedy token can differ from
+        transformers' where the two best logits are within rounding noise of each other.
+
+    The CPU kernels run at the highest instruction-set level the CPU supports (see
+    `pyengine.cpu_info()`); the PYENGINE_CPU_ISA environment variable ("generic", "avx2",
+    "avx512", "neon") forces a lower one.
 
     One thread drives an engine: its methods are not to be called concurrently.
     """
@@ -51,12 +60,12 @@ class Engine:
                  scheduler_config: SchedulerConfig | None = None,
                  max_seq_len: int | None = None, seed: int | None = None, overlap: bool = False,
                  device: str | torch.device = "cpu", cuda_graphs: bool = True,
-                 cuda_graph_batch_sizes: Sequence[int] | None = None) -> None:
+                 cuda_graph_batch_sizes: Sequence[int] | None = None, exact_fp32: bool = False) -> None:
         self._closed = True
         parts = start_engine(model=model, dtype=dtype, kv_cache_config=kv_cache_config,
                              scheduler_config=scheduler_config, max_seq_len=max_seq_len, seed=seed,
                              overlap=overlap, device=device, cuda_graphs=cuda_graphs,
-                             cuda_graph_batch_sizes=cuda_graph_batch_sizes)
+                             cuda_graph_batch_sizes=cuda_graph_batch_sizes, exact_fp32=exact_fp32)
         self._parts = parts
         self.config = parts.config
         self.model_dir, self.model_config, self.tokenizer = parts.config.model, parts.model_config, parts.tokenizer

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from pyengine.config import EngineConfig
 from pyengine.core import CoreBatchManager
 from pyengine.dtypes import KV_CACHE_DTYPES
 from pyengine.engine.requests import load_tokenizer
+from pyengine.layers.cpu_features import cpu_info
 from pyengine.models import LlamaFamilyModel, ModelConfig, model_class
 from pyengine.models.loader import load_tensors
 from pyengine.runtime.cuda_graphs import DecodeGraphs, check_graph_batch_sizes, default_graph_batch_sizes
@@ -32,6 +34,8 @@ from pyengine.runtime.kv_capacity import (SKIP_ENV, CpuMemoryProbe, CudaMemoryPr
                                           capacity_from_reading, configured_capacity, skip_requested)
 from pyengine.runtime.model_runner import ModelRunner
 from pyengine.sampling import Sampler
+
+logger = logging.getLogger(__name__)
 
 PHASES = ("config", "weights", "kv_capacity", "scheduler", "executor")
 
@@ -88,7 +92,8 @@ def start_engine(**engine_args: Any) -> EngineParts:
         cls = model_class(mc)
         names, optional = cls.weight_names(mc)
         weights = load_tensors(parts.config.model, names, parts.config.dtype, optional)
-        model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device)
+        model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device,
+                    exact_fp32=parts.config.exact_fp32)
     with _phase(phases, "kv_capacity"):
         parts.capacity = _kv_capacity(parts, model)
     with _phase(phases, "scheduler"):
@@ -110,6 +115,8 @@ def start_engine(**engine_args: Any) -> EngineParts:
 
 def _configure(cfg: EngineConfig) -> EngineParts:
     device = resolve_device(cfg.device)
+    isa = cpu_info()  # a bad PYENGINE_CPU_ISA fails here, naming the levels this CPU has
+    logger.info("%s", isa)
     kv = cfg.kv_cache_config.dtype
     kv_dtype = cfg.dtype if kv == "auto" else KV_CACHE_DTYPES[kv]
     if kv == "float8_e4m3":

@@ -1,9 +1,21 @@
-"""What the CPU can do natively, for choosing compute paths."""
+"""What the CPU can do natively, for choosing compute paths, and the instruction-set level
+the CPU kernels run at (`cpu_info`, `set_cpu_isa`)."""
 
 from __future__ import annotations
 
 import functools
 import os
+import platform
+from dataclasses import dataclass
+
+import pyengine.core._core as _core
+
+#: Instruction-set levels of the CPU kernels, lowest first per architecture.
+CPU_ISA_LEVELS: tuple[str, ...] = ("generic", "avx2", "avx512", "neon")
+
+# /proc/cpuinfo flags worth reporting with a figure.
+_REPORTED_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
+                   "amx_bf16", "asimd", "asimdhp", "bf16", "i8mm", "sve")
 
 # Rows at which converting bf16 weights to fp32 on the fly beats torch's bf16 GEMM on a CPU
 # without native bf16 instructions (measured: 1.5x at 64 rows, 5x at 2,048; slower at 1).
@@ -30,3 +42,62 @@ def native_bf16_matmul() -> bool:
         return forced == "native"
     flags = cpu_flags()
     return not flags or "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (the machine type where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "Model", "CPU part")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine() or "unknown"
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """Which instruction-set level the CPU kernels run at, and why.
+
+    isa: the active level ("generic", "avx2", "avx512" or "neon").
+    reason: why it is active: "the highest level this CPU supports", "PYENGINE_CPU_ISA=avx2"
+        or "set_cpu_isa()".
+    supported: the levels this CPU supports, lowest first.
+    model: the CPU's model name.
+    flags: the instruction-set flags that matter for the kernels, as /proc/cpuinfo names them.
+    native_bf16_matmul: whether bf16 matrix products run on hardware (AVX512-BF16 or AMX);
+        without it pyengine's own bf16 kernels replace torch's emulated ones.
+    """
+
+    isa: str
+    reason: str
+    supported: tuple[str, ...]
+    model: str
+    flags: tuple[str, ...]
+    native_bf16_matmul: bool
+
+    def __str__(self) -> str:
+        return (f"{self.model}: CPU kernels at {self.isa} ({self.reason}; supported: "
+                f"{', '.join(self.supported)}; flags: {' '.join(self.flags) or 'none'})")
+
+
+def cpu_info() -> CpuInfo:
+    """The CPU kernels' instruction-set level and why. Raises ValueError naming the value and the
+    levels this CPU has when PYENGINE_CPU_ISA is unknown or unsupported here."""
+    isa = _core._cpu_isa()  # raises for a bad PYENGINE_CPU_ISA
+    flags = cpu_flags()
+    return CpuInfo(isa=isa, reason=_core._cpu_isa_reason(), supported=tuple(_core._supported_cpu_isas()),
+                   model=cpu_model(), flags=tuple(f for f in _REPORTED_FLAGS if f in flags),
+                   native_bf16_matmul=native_bf16_matmul())
+
+
+def set_cpu_isa(level: str) -> None:
+    """Runs every CPU kernel at `level` from now on, in the whole process (tests, measurements of
+    a lower level on a bigger CPU). Raises ValueError for an unknown level or one this CPU lacks.
+    Not meant to be called while another thread runs kernels."""
+    if level not in CPU_ISA_LEVELS:
+        raise ValueError(f"unknown CPU instruction-set level {level!r} (known: {', '.join(CPU_ISA_LEVELS)}; "
+                         f"this CPU has {', '.join(_core._supported_cpu_isas())})")
+    _core._set_cpu_isa(level)

@@ -1,10 +1,10 @@
-"""Binds a bf16 model and a KV pool to the C++ kernel that runs all decoder layers of a small
-batch in one call (``csrc/include/pyengine/cpu_decode.h``).
+"""Binds a bf16 or fp32 model and a KV pool to the C++ kernel that runs all decoder layers of a
+small batch in one call (``csrc/include/pyengine/cpu_decode.h``).
 
-Used on CPUs without native bf16 matmul (where the model's linears are pyengine's bf16 kernel)
-for batches of at most ``cpu_linear.MAX_ROWS`` rows: the same kernels, in the same order, as the
-model's Python forward with fused elementwise kernels, without the few hundred Python calls per
-step around them.
+Used where the model's small-batch linears are pyengine's kernels (bf16 on CPUs without native
+bf16 matmul; fp32 unless ``exact_fp32``) for batches of at most ``linear.MAX_ROWS`` rows: the
+same kernels, in the same order, as the model's Python forward with fused elementwise kernels,
+without the few hundred Python calls per step around them.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ class CpuDecodeLayers:
             head_dim=c.head_dim, intermediate=c.intermediate_size, rms_norm_eps=c.rms_norm_eps,
             scale=model.scale, sliding_window=model.sliding_window, max_position=model.cos.shape[0],
             tokens_per_block=k0.shape[2], max_blocks_per_seq=max_blocks_per_seq,
-            cache_dtype=dtype_code(k0, "k_cache"))
-        self.scratch = torch.empty(self.shape.scratch_elements(MAX_ROWS), dtype=torch.bfloat16)
+            cache_dtype=dtype_code(k0, "k_cache"), dtype=dtype_code(model.embed, "weights"))
+        self.scratch = torch.empty(self.shape.scratch_elements(MAX_ROWS), dtype=model.dtype)
         self.cos, self.sin = model.cos, model.sin
 
     def run(self, h: torch.Tensor, positions: torch.Tensor, meta) -> None:
-        """All layers on h [T, hidden] bf16 (contiguous, updated in place)."""
+        """All layers on h [T, hidden] of the model's dtype (contiguous, updated in place)."""
         num_seqs = meta.seq_lens.shape[0]
         self.shape.run(h.data_ptr(), h.shape[0], self.layer_ptrs.data_ptr(), self.cos.data_ptr(),
                        self.sin.data_ptr(), positions.data_ptr(), meta.slot_mapping.data_ptr(),

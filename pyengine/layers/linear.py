@@ -1,13 +1,15 @@
-"""Linear layers: `dense` routes a matmul to the fastest path that rounds as a bf16 GEMM does;
-`linear_bf16` is pyengine's bf16 GEMV / small-M GEMM for few-row (decode) batches on CPUs without
-native bf16 matmul, where torch's bf16 GEMV is emulated and compute-bound.
+"""Linear layers: `dense` routes a matmul to the fastest path for its dtype and row count;
+`linear_bf16` and `linear_f32` are pyengine's GEMV / small-M GEMM for few-row (decode) batches,
+which stream the weights at memory speed where torch's batch-1 matmul does not (emulated bf16 on
+CPUs without bf16 instructions; fp32 GEMV at a fraction of the memory bandwidth).
 
 ``linear_bf16(x, weight, bias)`` equals ``F.linear(x.float(), weight.float(),
 bias.float()).to(torch.bfloat16)`` up to the order of the fp32 additions: exact bf16 products,
-fp32 accumulation, the result rounded to nearest even. It streams the weight once for all rows
-of ``x`` (1 to ``MAX_ROWS``), in parallel over output columns, without the GIL
-(``csrc/kernels/cpu/linear_bf16.cpp``). The checks here only read metadata: it runs once per
-linear layer per decode step.
+fp32 accumulation, the result rounded to nearest even. ``linear_f32`` equals ``F.linear`` in
+fp32 up to the order of the additions. Both read the weight once for all rows of ``x`` (1 to
+``MAX_ROWS``), in parallel over output columns, without the GIL, with the compute code of the
+active instruction-set level (``pyengine.cpu_info()``; ``csrc/kernels/cpu/linear*.cpp``). The
+checks here only read metadata: they run once per linear layer per decode step.
 """
 
 from __future__ import annotations
@@ -19,30 +21,27 @@ import torch.nn.functional as F
 import pyengine.core._core as _core
 from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS
 
-__all__ = ["dense", "linear_bf16", "MAX_ROWS", "isa"]
+__all__ = ["dense", "linear_bf16", "linear_f32", "MAX_ROWS"]
 
 #: Most rows of ``x`` that one call takes.
-MAX_ROWS: int = _core.LINEAR_BF16_MAX_ROWS
+MAX_ROWS: int = _core.LINEAR_MAX_ROWS
 
-_BF16 = torch.bfloat16
+_KERNELS = {torch.bfloat16: _core._linear_bf16, torch.float32: _core._linear_f32}
 
 
-def _check(t: torch.Tensor, name: str) -> None:
-    if t.dtype != _BF16:
-        raise ValueError(f"{name}: dtype must be torch.bfloat16, got {t.dtype}")
+def _check(t: torch.Tensor, name: str, dtype: torch.dtype) -> None:
+    if t.dtype != dtype:
+        raise ValueError(f"{name}: dtype must be {dtype}, got {t.dtype}")
     if not t.is_cpu:
         raise ValueError(f"{name}: must be a CPU tensor, got device {t.device}")
     if not t.is_contiguous():
         raise ValueError(f"{name}: must be contiguous")
 
 
-def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                out: torch.Tensor | None = None) -> torch.Tensor:
-    """``y[M, N] = x[M, K] @ weight[N, K].T (+ bias[N])``, all bf16, contiguous, on the CPU;
-    1 <= M <= MAX_ROWS. Writes into ``out`` ([M, N]) when given. Raises ValueError naming the
-    bad argument."""
-    _check(x, "x")
-    _check(weight, "weight")
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
+            dtype: torch.dtype) -> torch.Tensor:
+    _check(x, "x", dtype)
+    _check(weight, "weight", dtype)
     if x.dim() != 2:
         raise ValueError(f"x: expected 2 dims [M, K], got {tuple(x.shape)}")
     if weight.dim() != 2:
@@ -56,33 +55,45 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         raise ValueError(f"x: must have 1..{MAX_ROWS} rows, got {m}")
     bias_ptr = 0
     if bias is not None:
-        _check(bias, "bias")
+        _check(bias, "bias", dtype)
         if tuple(bias.shape) != (n,):
             raise ValueError(f"bias: expected shape ({n},), got {tuple(bias.shape)}")
         bias_ptr = bias.data_ptr()
     if out is None:
-        out = torch.empty((m, n), dtype=_BF16)
+        out = torch.empty((m, n), dtype=dtype)
     else:
-        _check(out, "out")
+        _check(out, "out", dtype)
         if tuple(out.shape) != (m, n):
             raise ValueError(f"out: expected shape ({m}, {n}), got {tuple(out.shape)}")
-    _core._linear_bf16(out.data_ptr(), x.data_ptr(), weight.data_ptr(), bias_ptr, m, n, k,
-                       torch.get_num_threads())
+    _KERNELS[dtype](out.data_ptr(), x.data_ptr(), weight.data_ptr(), bias_ptr, m, n, k,
+                    torch.get_num_threads())
     return out
 
 
-def isa() -> str:
-    """The code path ``linear_bf16`` takes on this machine: ``"avx512"`` or ``"generic"``."""
-    return _core._linear_bf16_isa()
+def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """``y[M, N] = x[M, K] @ weight[N, K].T (+ bias[N])``, all bf16, contiguous, on the CPU;
+    1 <= M <= MAX_ROWS. Writes into ``out`` ([M, N]) when given. Raises ValueError naming the
+    bad argument."""
+    return _linear(x, weight, bias, out, torch.bfloat16)
+
+
+def linear_f32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """As `linear_bf16`, all fp32."""
+    return _linear(x, weight, bias, out, torch.float32)
 
 
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-          emulate_bf16: bool = False) -> torch.Tensor:
+          emulate_bf16: bool = False, fast_fp32: bool = False) -> torch.Tensor:
     """``F.linear(x, weight, bias)``. With `emulate_bf16` (bf16 weights on a CPU without bf16
     instructions, where torch's bf16 GEMM is emulated and slow) the same rounding comes from
     faster paths: for batches of several rows, an fp32 matmul on the bf16 values (products exact,
     fp32 accumulation, the output rounded to bf16); for fewer rows (decode), `linear_bf16`, which
-    streams the weights at memory speed."""
+    streams the weights at memory speed. With `fast_fp32` (fp32 weights on the CPU), batches of
+    at most MAX_ROWS rows go through `linear_f32` (the same sums in another order)."""
+    if fast_fp32 and 0 < x.shape[0] <= MAX_ROWS:
+        return linear_f32(x.contiguous(), weight, bias)
     if emulate_bf16 and x.shape[0] >= EMULATED_BF16_MIN_ROWS:
         return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(torch.bfloat16)
     if emulate_bf16 and x.shape[0] > 0:  # 1 .. EMULATED_BF16_MIN_ROWS - 1 rows

@@ -48,7 +48,7 @@ class LlamaFamilyModel:
     rows in `logits_indices`."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 max_seq_len: int, device: torch.device | str = "cpu"):
+                 max_seq_len: int, device: torch.device | str = "cpu", *, exact_fp32: bool = False):
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
@@ -98,12 +98,16 @@ class LlamaFamilyModel:
         self.sliding_window = c.sliding_window or 0
         # Without bf16 instructions, torch's bf16 GEMM is emulated and slow (see layers.linear.dense).
         self.emulate_bf16 = dtype == torch.bfloat16 and weights_on_cpu(self.embed) and not native_bf16_matmul()
+        # torch's fp32 GEMV streams the weights at a fraction of the memory bandwidth: small fp32
+        # batches on the CPU take pyengine's linear_f32 (the same sums in another order), unless
+        # exact_fp32 asks for torch's (and transformers') rounding.
+        self.fast_fp32 = dtype == torch.float32 and weights_on_cpu(self.embed) and not exact_fp32
         # On the CPU, RMSNorm (+ residual add), RoPE and SiLU-mul of small batches run as one
         # C++ call each (pyengine/cpu_elementwise.py), rounding as torch's operations do.
         self.fused_elementwise = dtype in cpu_elementwise.SUPPORTED_DTYPES and weights_on_cpu(self.embed)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        return dense(x, w, b, self.emulate_bf16)
+        return dense(x, w, b, self.emulate_bf16, self.fast_fp32)
 
     @staticmethod
     def weight_names(config: ModelConfig) -> tuple[list[str], tuple[str, ...]]:

@@ -87,10 +87,11 @@ class ModelRunner:
         self.decode_pad_sizes: list[int] = []
         self.graphs = None  # pyengine.runtime.cuda_graphs.DecodeGraphs once captured
         self._registered: list[int] = []
-        # Where the model's linears are pyengine's bf16 kernel (bf16 weights on a CPU without
-        # bf16 matmul), all layers of a small batch run in one C++ call, bound to this KV pool.
+        # Where the model's small-batch linears are pyengine's kernels (bf16 weights on a CPU
+        # without bf16 matmul; fp32 unless exact_fp32), all layers of a small batch run in one C++
+        # call, bound to this KV pool.
         self.cpu_decode = None
-        if model.emulate_bf16:
+        if model.emulate_bf16 or model.fast_fp32:
             self.cpu_decode = CpuDecodeLayers(model, self.kv_caches, bm.max_blocks_per_seq)
         if self.is_cuda:
             self._init_cuda(c)

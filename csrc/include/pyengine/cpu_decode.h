@@ -1,5 +1,5 @@
-// The decoder layers of a small bf16 batch (decode) in one call, on CPUs where pyengine's own
-// bf16 linear kernel is used: per layer RMSNorm -> qkv -> (q/k norm) -> RoPE -> KV store ->
+// The decoder layers of a small bf16 or fp32 batch (decode) in one call, with pyengine's own
+// linear kernels (pyengine/cpu_linear.h): per layer RMSNorm -> qkv -> (q/k norm) -> RoPE -> KV store ->
 // paged attention -> o -> residual add + RMSNorm -> gate_up -> SiLU-mul -> down -> residual add,
 // each step the kernel of pyengine/cpu_linear.h, cpu_elementwise.h or kernels.h with the same
 // arguments the Python model would pass. At batch 1 a step's time otherwise goes largely to the
@@ -24,20 +24,21 @@ struct DecodeShape {
   float rms_norm_eps, scale;
   int32_t sliding_window, max_position, tokens_per_block, max_blocks_per_seq;
   DType cache_dtype;
+  DType dtype;  // of the activations and weights: kBFloat16 or kFloat32
 };
 
-// Scratch elements (bf16) decode_layers_bf16 needs for `num_tokens` rows.
+// Scratch elements (of shape.dtype) decode_layers needs for `num_tokens` rows.
 int64_t decode_scratch_elements(const DecodeShape& shape, int32_t num_tokens);
 
-// Runs every layer on the residual stream h [num_tokens, hidden] (bf16, updated in place: on
-// return h holds the last layer's output, before the final norm). layer_ptrs: num_layers x
-// kDecodeLayerPointers addresses; cos/sin: [max_position, head_dim] bf16 tables; the
-// metadata as for paged_attention. 1 <= num_tokens <= kLinearBf16MaxRows.
-void decode_layers_bf16(void* h, int32_t num_tokens, const uintptr_t* layer_ptrs,
-                        const DecodeShape& shape, const void* cos, const void* sin,
-                        const int32_t* positions, const int32_t* slot_mapping,
-                        const int32_t* query_start_loc, const int32_t* seq_lens,
-                        const int32_t* block_tables, int32_t num_seqs, void* scratch,
-                        int64_t scratch_elements, int32_t num_threads);
+// Runs every layer on the residual stream h [num_tokens, hidden] (shape.dtype, updated in place:
+// on return h holds the last layer's output, before the final norm). layer_ptrs: num_layers x
+// kDecodeLayerPointers addresses; cos/sin: [max_position, head_dim] tables of shape.dtype; the
+// metadata as for paged_attention. 1 <= num_tokens <= kLinearMaxRows.
+void decode_layers(void* h, int32_t num_tokens, const uintptr_t* layer_ptrs,
+                   const DecodeShape& shape, const void* cos, const void* sin,
+                   const int32_t* positions, const int32_t* slot_mapping,
+                   const int32_t* query_start_loc, const int32_t* seq_lens,
+                   const int32_t* block_tables, int32_t num_seqs, void* scratch,
+                   int64_t scratch_elements, int32_t num_threads);
 
 }  // namespace pyengine::kernels

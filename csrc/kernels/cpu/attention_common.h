@@ -1,6 +1,6 @@
 // Internal interface between the paged-attention front end (validation, work planning, ISA
-// dispatch: paged_attention.cpp) and the compute back ends (attention_impl.h, compiled once for
-// the baseline ISA and once for AVX-512).
+// dispatch: paged_attention.cpp) and the compute back ends (attention_impl.h, compiled once per
+// instruction-set level).
 #pragma once
 
 #include <cstdint>
@@ -82,7 +82,10 @@ inline int64_t attention_scratch_floats(int32_t max_rows, int32_t head_dim,
   return (f + 15) / 16 * 16 + 16;  // keep each thread's slice 64-byte aligned, plus a gap
 }
 
-void attention_run_generic(const AttnParams& p);
-void attention_run_avx512(const AttnParams& p);
+// The back end of each instruction-set level (attention_<level>.cpp).
+namespace isa_generic { void attention_run(const AttnParams& p); }
+namespace isa_avx2 { void attention_run(const AttnParams& p); }
+namespace isa_avx512 { void attention_run(const AttnParams& p); }
+namespace isa_neon { void attention_run(const AttnParams& p); }
 
 }  // namespace pyengine::kernels::cpu

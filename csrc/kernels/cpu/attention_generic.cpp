@@ -1,3 +1,5 @@
-// Baseline-ISA build of the paged-attention back end (runs on any x86-64 / other CPU).
-#define PYENGINE_ATTN_ENTRY attention_run_generic
+// The portable build of the paged-attention back end (any CPU).
+#include "attention_deps.h"
+
+#define PYENGINE_ISA_NS isa_generic
 #include "attention_impl.h"

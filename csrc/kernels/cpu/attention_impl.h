@@ -1,31 +1,22 @@
-// The paged-attention compute back end. Included by exactly two translation units:
-//   attention_generic.cpp  -> defines attention_run_generic (baseline x86-64 / any ISA)
-//   attention_avx512.cpp   -> defines attention_run_avx512 (under #pragma GCC target(avx512...))
-// Define PYENGINE_ATTN_ENTRY to the entry point's name before including.
+// The paged-attention compute back end, compiled once per instruction-set level (isa_target.h):
+// attention_<level>.cpp defines PYENGINE_ISA_NS (isa_generic, isa_avx2, isa_avx512, isa_neon) and
+// includes this header under that level's target; attention_avx512.cpp also defines
+// PYENGINE_ATTN_AVX512, which adds hand-written AVX-512 block kernels. The other levels are
+// auto-vectorized from the portable loops below.
 //
-// Everything here has internal linkage (anonymous namespace / static), so the two ISA builds of
-// the same helpers can never be merged by the linker.
+// Everything here has internal linkage (anonymous namespace / static) or lives in the level's
+// namespace, so the builds of the same helpers can never be merged by the linker.
 //
 // The loops are written for gcc's auto-vectorizer: fixed 16-lane partial sums for the dot
 // products (several keys at once, so the FMA chains are independent), contiguous axpy over
 // head_dim for P.V, and a branch-free polynomial exp over score rows.
-#ifndef PYENGINE_ATTN_ENTRY
-#error "define PYENGINE_ATTN_ENTRY before including attention_impl.h"
+#ifndef PYENGINE_ISA_NS
+#error "define PYENGINE_ISA_NS before including attention_impl.h"
 #endif
 
-#include <omp.h>
-#ifdef PYENGINE_ATTN_AVX512
-#include <immintrin.h>
-#endif
+#include "attention_deps.h"
 
-#include <cstdint>
-#include <cstring>
-#include <type_traits>
-
-#include "attention_common.h"
-#include "dtype_convert.h"
-
-namespace pyengine::kernels::cpu {
+namespace pyengine::kernels::cpu::PYENGINE_ISA_NS {
 namespace {
 
 constexpr int kLanes = 16;
@@ -634,7 +625,7 @@ static void run_all(const AttnParams& p) {
 
 }  // namespace
 
-void PYENGINE_ATTN_ENTRY(const AttnParams& p) {
+void attention_run(const AttnParams& p) {
   switch (p.cache_dtype) {
     case DType::kFloat32:
       return run_all<float>(p);
@@ -647,4 +638,4 @@ void PYENGINE_ATTN_ENTRY(const AttnParams& p) {
   }
 }
 
-}  // namespace pyengine::kernels::cpu
+}  // namespace pyengine::kernels::cpu::PYENGINE_ISA_NS

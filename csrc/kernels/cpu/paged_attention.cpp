@@ -11,31 +11,12 @@
 
 #include "../attention_checks.h"
 #include "attention_common.h"
-#include "cpu_isa.h"
+#include "isa_target.h"
 #include "dtype_check.h"
 #include "pyengine/kernels.h"
 
 namespace pyengine::kernels {
 
-namespace cpu {
-
-bool cpu_has_avx512() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const bool has = [] {
-    // PYENGINE_DISABLE_AVX512=1 forces the baseline build (tests, debugging).
-    const char* off = std::getenv("PYENGINE_DISABLE_AVX512");
-    if (off != nullptr && off[0] != '\0' && off[0] != '0') return false;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  }();
-  return has;
-#else
-  return false;
-#endif
-}
-
-}  // namespace cpu
 
 namespace {
 
@@ -213,10 +194,7 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
   p.partial_floats = per_partial;
   p.num_threads = nt;
 
-  if (cpu::cpu_has_avx512())
-    cpu::attention_run_avx512(p);
-  else
-    cpu::attention_run_generic(p);
+  PYENGINE_ISA_CALL(attention_run, p);
 }
 
 }  // namespace pyengine::kernels

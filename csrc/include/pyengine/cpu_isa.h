@@ -1,0 +1,47 @@
+// Instruction-set levels of the CPU kernels, chosen once at run time.
+//
+// Every CPU kernel (paged attention, KV store, linear, the fused elementwise kernels, the
+// one-call decode layers) is compiled once per level; the binary itself stays baseline x86-64
+// (or baseline armv8-a), so one build runs on every CPU of its architecture. At the first kernel
+// call the highest level the CPU supports is taken, unless the PYENGINE_CPU_ISA environment
+// variable names a lower one (for tests, and for measuring a lower level's speed on a bigger
+// CPU). set_cpu_isa() changes the level later in the process.
+//
+// Levels, lowest first:
+//   x86-64:  generic (portable C++, baseline SSE2), avx2 (AVX2 + FMA + F16C),
+//            avx512 (AVX-512 F/BW/VL/DQ)
+//   aarch64: generic (portable C++, baseline armv8-a), neon (Advanced SIMD intrinsics)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pyengine {
+
+enum class CpuIsa : int32_t { kGeneric = 0, kAvx2 = 1, kAvx512 = 2, kNeon = 3 };
+
+// "generic", "avx2", "avx512" or "neon".
+const char* cpu_isa_name(CpuIsa isa);
+
+// The level named `name`; throws std::invalid_argument naming the known names otherwise.
+CpuIsa parse_cpu_isa(const std::string& name);
+
+// The levels this CPU supports, lowest first (always starting with generic).
+std::vector<CpuIsa> supported_cpu_isas();
+
+// The level the kernels run at. The first call decides it (PYENGINE_CPU_ISA, else the highest
+// supported level); if PYENGINE_CPU_ISA names an unknown level, or one this CPU lacks, this and
+// every kernel call throw std::invalid_argument naming the value and the levels the CPU has,
+// until set_cpu_isa() picks a valid one.
+CpuIsa cpu_isa();
+
+// Why cpu_isa() is what it is: "the highest level this CPU supports", "PYENGINE_CPU_ISA=avx2"
+// or "set_cpu_isa()".
+std::string cpu_isa_reason();
+
+// Runs the kernels at `isa` from now on (for all threads); throws std::invalid_argument if this
+// CPU does not support it. Not meant to be called while kernels run on other threads.
+void set_cpu_isa(CpuIsa isa);
+
+}  // namespace pyengine

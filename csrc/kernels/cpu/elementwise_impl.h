@@ -1,0 +1,174 @@
+// Compute code of rms_norm, rotary_embedding, silu_mul and store_kv, compiled once per
+// instruction-set level (elementwise_<level>.cpp; see isa_target.h). Plain loops over rows that
+// gcc vectorizes for the level; the rows of a decode step are a few KB, so the win is one call
+// instead of a dozen torch operations, not the arithmetic.
+//
+// Compiled with -ffp-contract=off: a fused multiply-add would round differently from torch's
+// separate multiply and add (fp32 RoPE is bit-exact with torch only without it). So every
+// level computes bit-identical results.
+#ifndef PYENGINE_ISA_NS
+#error "define PYENGINE_ISA_NS before including elementwise_impl.h"
+#endif
+
+#include "elementwise_deps.h"
+
+namespace pyengine::kernels::cpu::PYENGINE_ISA_NS {
+
+namespace {
+
+// Calls f with a null pointer of the storage type of `dtype` (checked by the front end).
+template <typename F>
+void by_dtype(DType dtype, F&& f) {
+  if (dtype == DType::kFloat32)
+    f(static_cast<float*>(nullptr));
+  else if (dtype == DType::kBFloat16)
+    f(static_cast<bf16_t*>(nullptr));
+  else
+    f(static_cast<fp16_t*>(nullptr));
+}
+
+template <typename T>
+inline float round_to(float v) {  // the value `v` takes once stored as T
+  T t;
+  store_f32(&t, v);
+  return to_f32(t);
+}
+
+int threads_for(int32_t rows, int32_t num_threads) {
+  if (rows < 4) return 1;
+  return num_threads > 0 ? num_threads : omp_get_max_threads();
+}
+
+template <typename T>
+void rms_norm_typed(const RmsNormArgs& a) {
+  T* out = static_cast<T*>(a.out);
+  const T* x = static_cast<const T*>(a.x);
+  T* residual = static_cast<T*>(a.residual);
+  const T* weight = static_cast<const T*>(a.weight);
+  const int32_t hidden = a.hidden;
+#pragma omp parallel for num_threads(threads_for(a.rows, a.num_threads)) schedule(static)
+  for (int32_t r = 0; r < a.rows; ++r) {
+    const T* xr = x + r * a.x_stride;
+    const T* src = xr;
+    if (residual != nullptr) {
+      T* res = residual + r * a.residual_stride;
+      for (int32_t i = 0; i < hidden; ++i) store_f32(res + i, to_f32(res[i]) + to_f32(xr[i]));
+      src = res;
+    }
+    float lanes[16] = {};  // 16 partial sums: vectorizable without reassociating one long chain
+    int32_t i = 0;
+    for (; i + 16 <= hidden; i += 16)
+      for (int32_t j = 0; j < 16; ++j) {
+        const float v = to_f32(src[i + j]);
+        lanes[j] += v * v;
+      }
+    for (int32_t j = 0; i < hidden; ++i, ++j) {
+      const float v = to_f32(src[i]);
+      lanes[j] += v * v;
+    }
+    float sum = 0.f;
+    for (float l : lanes) sum += l;
+    const float inv = 1.f / std::sqrt(sum / static_cast<float>(hidden) + a.eps);
+    T* o = out + r * a.out_stride;
+    for (i = 0; i < hidden; ++i)
+      store_f32(o + i, to_f32(weight[i]) * round_to<T>(to_f32(src[i]) * inv));
+  }
+}
+
+template <typename T>
+void rotary_typed(const RotaryArgs& a) {
+  T* x = static_cast<T*>(a.x);
+  const T* cos = static_cast<const T*>(a.cos);
+  const T* sin = static_cast<const T*>(a.sin);
+  const int32_t head_dim = a.head_dim;
+  const int32_t half = head_dim / 2;
+#pragma omp parallel for num_threads(threads_for(a.tokens, a.num_threads)) schedule(static)
+  for (int32_t t = 0; t < a.tokens; ++t) {
+    const T* c = cos + static_cast<int64_t>(a.positions[t]) * head_dim;
+    const T* s = sin + static_cast<int64_t>(a.positions[t]) * head_dim;
+    for (int32_t h = 0; h < a.heads; ++h) {
+      T* v = x + t * a.x_stride + static_cast<int64_t>(h) * head_dim;
+      for (int32_t i = 0; i < half; ++i) {
+        const float p = to_f32(v[i]), q = to_f32(v[i + half]);
+        const float lo = round_to<T>(p * to_f32(c[i])) + round_to<T>(-q * to_f32(s[i]));
+        const float hi = round_to<T>(q * to_f32(c[i + half])) + round_to<T>(p * to_f32(s[i + half]));
+        store_f32(v + i, lo);
+        store_f32(v + i + half, hi);
+      }
+    }
+  }
+}
+
+template <typename T>
+void silu_mul_typed(const SiluMulArgs& a) {
+  const int32_t inter = a.inter;
+#pragma omp parallel for num_threads(threads_for(a.rows, a.num_threads)) schedule(static)
+  for (int32_t r = 0; r < a.rows; ++r) {
+    const T* g = static_cast<const T*>(a.gate_up) + static_cast<int64_t>(r) * 2 * inter;
+    const T* u = g + inter;
+    T* o = static_cast<T*>(a.out) + static_cast<int64_t>(r) * inter;
+    for (int32_t i = 0; i < inter; ++i) {
+      const float gv = to_f32(g[i]);
+      store_f32(o + i, round_to<T>(gv / (1.f + std::exp(-gv))) * to_f32(u[i]));
+    }
+  }
+}
+
+template <typename Src, typename Dst>
+void convert_row(const Src* __restrict src, Dst* __restrict dst, int32_t n) {
+  for (int32_t i = 0; i < n; ++i) store_f32(dst + i, to_f32(src[i]));
+}
+
+// Scatters this step's K/V rows into their cache slots: cache index (block, head, offset, 0).
+template <typename Src, typename Dst>
+void store_kv_typed(const StoreKvArgs& a) {
+  const Src* k = static_cast<const Src*>(a.key);
+  const Src* v = static_cast<const Src*>(a.value);
+  Dst* kc = static_cast<Dst*>(a.k_cache);
+  Dst* vc = static_cast<Dst*>(a.v_cache);
+  const int32_t heads = a.num_kv_heads, head_dim = a.head_dim, tpb = a.tokens_per_block;
+  const int64_t work = static_cast<int64_t>(a.num_tokens) * heads * head_dim;
+#pragma omp parallel for schedule(static) if (work >= (int64_t{1} << 18))
+  for (int32_t t = 0; t < a.num_tokens; ++t) {
+    const int32_t slot = a.slot_mapping[t];
+    if (slot < 0) continue;
+    const int64_t block = slot / tpb;
+    const int64_t off = slot % tpb;
+    for (int32_t h = 0; h < heads; ++h) {
+      const int64_t dst = ((block * heads + h) * tpb + off) * head_dim;
+      const Src* ks = k + t * a.key_row_stride + static_cast<int64_t>(h) * head_dim;
+      const Src* vs = v + t * a.value_row_stride + static_cast<int64_t>(h) * head_dim;
+      if constexpr (std::is_same_v<Src, Dst>) {
+        std::memcpy(kc + dst, ks, sizeof(Src) * head_dim);
+        std::memcpy(vc + dst, vs, sizeof(Src) * head_dim);
+      } else {
+        convert_row(ks, kc + dst, head_dim);
+        convert_row(vs, vc + dst, head_dim);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void rms_norm(const RmsNormArgs& a) {
+  by_dtype(a.dtype, [&](auto* tag) { rms_norm_typed<std::remove_pointer_t<decltype(tag)>>(a); });
+}
+
+void rotary_embedding(const RotaryArgs& a) {
+  by_dtype(a.dtype, [&](auto* tag) { rotary_typed<std::remove_pointer_t<decltype(tag)>>(a); });
+}
+
+void silu_mul(const SiluMulArgs& a) {
+  by_dtype(a.dtype, [&](auto* tag) { silu_mul_typed<std::remove_pointer_t<decltype(tag)>>(a); });
+}
+
+void store_kv(const StoreKvArgs& a) {
+  by_dtype(a.src_dtype, [&](auto* src) {
+    by_dtype(a.cache_dtype, [&](auto* dst) {
+      store_kv_typed<std::remove_pointer_t<decltype(src)>, std::remove_pointer_t<decltype(dst)>>(a);
+    });
+  });
+}
+
+}  // namespace pyengine::kernels::cpu::PYENGINE_ISA_NS

@@ -1,0 +1,8 @@
+// The aarch64 Advanced SIMD build of the fused elementwise kernels and the KV store
+// (elementwise_impl.h), auto-vectorized; dispatched to only on CPUs that have it.
+#include "elementwise_deps.h"
+
+#define PYENGINE_ISA_NS isa_neon
+PYENGINE_ISA_BEGIN_NEON
+#include "elementwise_impl.h"
+PYENGINE_ISA_END_NEON

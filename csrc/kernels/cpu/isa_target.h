@@ -1,0 +1,66 @@
+// How a kernel gets one build per instruction-set level (see pyengine/cpu_isa.h).
+//
+// A kernel's compute code lives in a header (`*_impl.h`) that defines its entry points inside
+// `namespace pyengine::kernels::cpu::PYENGINE_ISA_NS`. One small translation unit per level
+// includes it between PYENGINE_ISA_BEGIN_<LEVEL> and PYENGINE_ISA_END, which switch gcc's target
+// for the code in between: the rest of the binary stays baseline, and a level's code only runs
+// after the dispatcher (PYENGINE_ISA_CALL) has checked that the CPU has it.
+//
+// Include standard, OpenMP and intrinsics headers *before* PYENGINE_ISA_BEGIN_*: inline code
+// they define would otherwise be compiled for the level and could be shared (ODR-merged) with
+// baseline callers. Everything in the impl headers has internal linkage or lives in the level's
+// own namespace for the same reason.
+#pragma once
+
+#include "pyengine/cpu_isa.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define PYENGINE_ISA_X86 1
+#endif
+#if defined(__aarch64__)
+#define PYENGINE_ISA_ARM 1
+#endif
+
+#if PYENGINE_ISA_X86
+#define PYENGINE_ISA_BEGIN_AVX2                              \
+  _Pragma("GCC push_options") _Pragma("GCC diagnostic push") \
+  _Pragma("GCC target(\"avx2,fma,f16c\")")
+
+// gcc 12 warns falsely inside its own AVX-512 headers (_mm512_undefined_ps).
+#define PYENGINE_ISA_BEGIN_AVX512                                                  \
+  _Pragma("GCC push_options") _Pragma("GCC diagnostic push")                       \
+  _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")                            \
+  _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")                      \
+  _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512\")")
+
+#define PYENGINE_ISA_END _Pragma("GCC diagnostic pop") _Pragma("GCC pop_options")
+#else
+// Another architecture: the x86 levels' namespaces hold the portable build (never dispatched to).
+#define PYENGINE_ISA_BEGIN_AVX2
+#define PYENGINE_ISA_BEGIN_AVX512
+#define PYENGINE_ISA_END
+#endif
+// Advanced SIMD is baseline on aarch64: the neon build needs no target switch (and on x86 its
+// namespace holds the portable build, never dispatched to).
+#define PYENGINE_ISA_BEGIN_NEON
+#define PYENGINE_ISA_END_NEON
+
+// Calls `fn(args...)` from the namespace of the level the kernels run at (pyengine::cpu_isa(),
+// which throws if PYENGINE_CPU_ISA is invalid). Levels of another architecture never come up;
+// their namespaces hold the portable build there.
+#define PYENGINE_ISA_CALL(fn, ...)                                  \
+  do {                                                              \
+    switch (::pyengine::cpu_isa()) {                                \
+      case ::pyengine::CpuIsa::kAvx512:                             \
+        ::pyengine::kernels::cpu::isa_avx512::fn(__VA_ARGS__);      \
+        break;                                                      \
+      case ::pyengine::CpuIsa::kAvx2:                               \
+        ::pyengine::kernels::cpu::isa_avx2::fn(__VA_ARGS__);        \
+        break;                                                      \
+      case ::pyengine::CpuIsa::kNeon:                               \
+        ::pyengine::kernels::cpu::isa_neon::fn(__VA_ARGS__);        \
+        break;                                                      \
+      default:                                                      \
+        ::pyengine::kernels::cpu::isa_generic::fn(__VA_ARGS__);     \
+    }                                                               \
+  } while (0)

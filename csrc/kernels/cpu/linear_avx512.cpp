@@ -1,0 +1,140 @@
+// The AVX-512 build of the linear kernels; dispatched to only on CPUs that have it.
+//
+// At batch 1 a linear layer is a GEMV: each weight element is used once per row of x, so the
+// kernel is bound by how fast it streams W from DRAM. M == 1 reads one weight row at a time,
+// strictly in order (what the hardware prefetchers follow best), several steps in flight in
+// independent accumulators; M >= 2 computes tiles of up to 4 x rows by 4 weight rows, so each
+// weight row is read from memory once whatever M is.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "isa_target.h"
+#include "linear_common.h"
+
+#if !PYENGINE_ISA_X86
+#define PYENGINE_ISA_NS isa_avx512
+#include "linear_generic_impl.h"
+#else
+#include <immintrin.h>
+
+PYENGINE_ISA_BEGIN_AVX512
+namespace pyengine::kernels::cpu::isa_avx512 {
+
+namespace {
+
+// Software prefetch (into L2) this far ahead of the weight reads. Measured on a 2-core
+// Xeon (Sapphire Rapids class): with it one core streams bf16 weights as fast as torch's
+// fp32 GEMV streams fp32 ones (~15 GB/s); the hardware prefetchers alone reach ~11.
+constexpr int64_t kPrefetchBytes = 4096;
+constexpr int32_t kPad = kLinearPad;
+
+inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
+
+inline __mmask32 tail_mask(int32_t cols) { return static_cast<__mmask32>((1ull << cols) - 1u); }
+
+// 32 weights of a row times 32 columns of x, into acc. A 64-byte load of 32 bf16 holds, in each
+// 32-bit lane j, element 2j in the low half and 2j + 1 in the high half: a shift left by 16 gives
+// the even elements as fp32, a mask of the high half the odd ones (2 integer ops per 32 weights
+// instead of a widening shuffle per 16). x is stored to match (x group 32: per 32 columns, the
+// 16 even ones, then the 16 odd ones).
+inline void fma32(__m512& acc, const float* x, const uint16_t* w, __mmask32 mask) {
+  const __m512i v = _mm512_maskz_loadu_epi16(mask, w);
+  const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
+  acc = _mm512_fmadd_ps(_mm512_loadu_ps(x), _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), acc);
+  acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), _mm512_castsi512_ps(_mm512_and_si512(v, high)),
+                        acc);
+}
+
+// fp32 weights: two 16-wide FMAs (the mask covers 32 columns, 16 per half).
+inline void fma32(__m512& acc, const float* x, const float* w, __mmask32 mask) {
+  const __mmask16 lo = static_cast<__mmask16>(mask), hi = static_cast<__mmask16>(mask >> 16);
+  acc = _mm512_fmadd_ps(_mm512_loadu_ps(x), _mm512_maskz_loadu_ps(lo, w), acc);
+  acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), _mm512_maskz_loadu_ps(hi, w + 16), acc);
+}
+
+template <typename W>
+void rows_m1(const LinearArgs& a, int32_t n0, int32_t n1) {
+  const int32_t K = a.K;
+  const float* x = a.xf;
+  for (int32_t n = n0; n < n1; ++n) {
+    const W* w = static_cast<const W*>(a.w) + static_cast<int64_t>(n) * K;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    int32_t k = 0;
+    for (; k + 4 * kPad <= K; k += 4 * kPad)
+      for (int u = 0; u < 4; ++u) {
+        prefetch_l2(w + k + u * kPad + kPrefetchBytes / sizeof(W));
+        fma32(acc[u], x + k + u * kPad, w + k + u * kPad, ~0u);
+      }
+    for (int u = 0; k + kPad <= K; k += kPad, ++u) fma32(acc[u], x + k, w + k, ~0u);
+    if (k < K) fma32(acc[3], x + k, w + k, tail_mask(K - k));
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    linear_store(a, 0, n, _mm512_reduce_add_ps(sum));
+  }
+}
+
+// Dot products of MB rows of x with R consecutive weight rows, 32 columns at a time, prefetching
+// the next tile. out[m * R + r].
+template <typename W, int MB, int R>
+void tile(const LinearArgs& a, const float* x, const W* w, float* out) {
+  const int32_t K = a.K;
+  const int64_t kp = a.kp;
+  __m512 acc[MB][R];
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  for (int32_t k = 0; k < K; k += kPad) {
+    const __mmask32 mask = K - k >= kPad ? ~0u : tail_mask(K - k);
+    for (int r = 0; r < R; ++r) {
+      prefetch_l2(w + (R + r) * static_cast<int64_t>(K) + k);
+      for (int m = 0; m < MB; ++m) fma32(acc[m][r], x + m * kp + k, w + r * K + k, mask);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r) out[m * R + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
+constexpr int kMaxMB = 4;  // x rows per tile; the weight tile is then in L1 for the next x rows
+constexpr int kR = 4;      // weight rows per tile
+
+template <typename W, int R>
+void run_tiles(const LinearArgs& a, int32_t n, int32_t rows) {
+  const W* w = static_cast<const W*>(a.w) + static_cast<int64_t>(n) * a.K;
+  float out[kMaxMB * R];
+  for (int32_t m0 = 0; m0 < a.M; m0 += kMaxMB) {
+    const int32_t mb = std::min(kMaxMB, a.M - m0);
+    const float* x = a.xf + m0 * a.kp;
+    switch (mb) {
+      case 1: tile<W, 1, R>(a, x, w, out); break;
+      case 2: tile<W, 2, R>(a, x, w, out); break;
+      case 3: tile<W, 3, R>(a, x, w, out); break;
+      default: tile<W, 4, R>(a, x, w, out); break;
+    }
+    for (int32_t m = 0; m < mb; ++m)
+      for (int32_t r = 0; r < rows; ++r) linear_store(a, m0 + m, n + r, out[m * rows + r]);
+  }
+}
+
+template <typename W>
+void rows(const LinearArgs& a, int32_t n0, int32_t n1) {
+  if (a.M == 1) return rows_m1<W>(a, n0, n1);
+  int32_t n = n0;
+  for (; n + kR <= n1; n += kR) run_tiles<W, kR>(a, n, kR);
+  for (; n < n1; ++n) run_tiles<W, 1>(a, n, 1);
+}
+
+}  // namespace
+
+void linear_rows(const LinearArgs& a, int32_t n0, int32_t n1) {
+  if (a.bf16)
+    rows<uint16_t>(a, n0, n1);
+  else
+    rows<float>(a, n0, n1);
+}
+
+int32_t linear_x_group(bool bf16) { return bf16 ? 32 : 0; }
+
+}  // namespace pyengine::kernels::cpu::isa_avx512
+PYENGINE_ISA_END
+#endif

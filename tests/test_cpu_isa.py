@@ -1,0 +1,77 @@
+"""The instruction-set level of the CPU kernels: what `pyengine.cpu_info()` reports, and
+PYENGINE_CPU_ISA as a user sets it (in a fresh process: the level is decided at the first kernel
+call of a process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import pyengine.core._core as _core
+from pyengine import cpu_info
+from pyengine.layers.cpu_features import CPU_ISA_LEVELS, set_cpu_isa
+
+
+def run_python(code: str, env_isa: str | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYENGINE_CPU_ISA"}
+    if env_isa is not None:
+        env["PYENGINE_CPU_ISA"] = env_isa
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_cpu_info_names_the_active_level_and_why():
+    info = cpu_info()
+    assert info.supported[0] == "generic" and set(info.supported) <= set(CPU_ISA_LEVELS)
+    assert info.isa in info.supported
+    assert info.isa in str(info) and info.model in str(info)
+
+
+def test_default_is_the_highest_supported_level():
+    done = run_python("import pyengine; i = pyengine.cpu_info(); print(i.isa, i.supported[-1], '|', i.reason)", None)
+    assert done.returncode == 0, done.stderr
+    top, highest, reason = done.stdout.split(" ", 2)[0], done.stdout.split(" ", 2)[1], done.stdout.split("|")[1]
+    assert top == highest
+    assert reason.strip() == "the highest level this CPU supports"
+
+
+def test_environment_forces_a_lower_level():
+    done = run_python("import pyengine; i = pyengine.cpu_info(); print(i.isa, '|', i.reason)", "generic")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["generic", "|", "PYENGINE_CPU_ISA=generic"]
+
+
+@pytest.mark.parametrize("value", ["sse4", "unavailable"])
+def test_a_bad_value_fails_engine_start_up_naming_the_levels(llama_dir, value):
+    supported = _core._supported_cpu_isas()
+    if value == "unavailable":
+        missing = [lvl for lvl in CPU_ISA_LEVELS if lvl not in supported]
+        value = "neon" if "neon" in missing else missing[-1]
+    code = (f"from pyengine import Engine, StartupError\n"
+            f"try:\n    Engine({str(llama_dir)!r})\n"
+            f"except StartupError as e:\n    print('phase', e.phase, '|', e)\n")
+    done = run_python(code, value)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("phase config |"), done.stdout
+    assert f"PYENGINE_CPU_ISA={value}" in done.stdout
+    assert f"this CPU has {', '.join(supported)}" in done.stdout
+
+
+def test_the_cli_reports_a_bad_value_in_one_line(llama_dir):
+    env = {k: v for k, v in os.environ.items() if k != "PYENGINE_CPU_ISA"}
+    done = subprocess.run([sys.executable, "-m", "pyengine", "generate", "--model", str(llama_dir), "--prompt", "hi"],
+                          capture_output=True, text=True, timeout=120, env={**env, "PYENGINE_CPU_ISA": "avx1024"})
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "PYENGINE_CPU_ISA=avx1024" in done.stderr, done.stderr
+
+
+def test_set_cpu_isa_refuses_unknown_and_unavailable_levels():
+    before = _core._cpu_isa()
+    with pytest.raises(ValueError, match=r"unknown CPU instruction-set level 'avx3'.*this CPU has generic"):
+        set_cpu_isa("avx3")
+    missing = [lvl for lvl in CPU_ISA_LEVELS if lvl not in _core._supported_cpu_isas()]
+    with pytest.raises(ValueError, match=f"this CPU does not support {missing[0]}; this CPU has generic"):
+        set_cpu_isa(missing[0])
+    assert _core._cpu_isa() == before  # nothing changed
