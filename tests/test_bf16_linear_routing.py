@@ -1,6 +1,6 @@
 """Which linear-layer path a bf16 model on a CPU without bf16 instructions takes: the
-pyengine kernel (pyengine.layers.linear.linear_bf16) for fewer than EMULATED_BF16_MIN_ROWS rows,
-the tied lm_head included; fp32 GEMMs from there on."""
+pyengine kernel (pyengine.layers.linear.linear_bf16) for fewer than EMULATED_BF16_MIN_ROWS (65)
+rows, the tied lm_head included; fp32 GEMMs from there on."""
 
 from __future__ import annotations
 
@@ -31,16 +31,18 @@ def test_decode_linears_and_tied_lm_head_use_the_kernel(checkpoint_factory, monk
     monkeypatch.setattr(linear_layer, "linear_bf16", spy)
     engine = Engine(model_dir, dtype="bfloat16", max_seq_len=128,
                     kv_cache_config=KvCacheConfig(max_tokens=512),
-                    scheduler_config=SchedulerConfig(max_batch_size=2, max_num_tokens=64))
+                    scheduler_config=SchedulerConfig(max_batch_size=2, max_num_tokens=128))
     model = engine._runner.model
     assert model.emulate_bf16
     assert engine._runner.cpu_decode is not None
     engine._runner.cpu_decode = None  # the Python forward's routing (the C++ one: test_cpu_decode.py)
-    prompts = [list(range(1, 40)), list(range(5, 12))]  # 39 + 7 prompt rows: fp32 GEMMs
-    out = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
-                          use_tqdm=False)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    out = engine.generate([list(range(1, 80)), list(range(5, 12))], params, use_tqdm=False)  # 86 rows: fp32 GEMMs
+    assert [len(r.token_ids) for r in out] == [4, 4]
+    out = engine.generate([list(range(100, 129)), list(range(200, 207))], params, use_tqdm=False)  # 36 rows: the kernel
     assert [len(r.token_ids) for r in out] == [4, 4]
     assert calls and all(1 <= rows < EMULATED_BF16_MIN_ROWS for rows, _, _ in calls)
+    assert 36 in {rows for rows, _, _ in calls}
     used = {addr for _, addr, _ in calls}
     layer = model.layers[0]
     for name in ("qkv", "o", "gate_up", "down"):

@@ -17,9 +17,14 @@ CPU_ISA_LEVELS: tuple[str, ...] = ("generic", "avx2", "avx512", "neon")
 _REPORTED_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
                    "amx_bf16", "asimd", "asimdhp", "bf16", "i8mm", "sve")
 
-# Rows at which converting bf16 weights to fp32 on the fly beats torch's bf16 GEMM on a CPU
-# without native bf16 instructions (measured: 1.5x at 64 rows, 5x at 2,048; slower at 1).
-EMULATED_BF16_MIN_ROWS = 16
+# bf16 weights on a CPU without native bf16 instructions: from this many rows an fp32 GEMM on
+# the weights converted on the fly (torch) is used; below, pyengine's linear_bf16. Measured on an
+# AVX2 EPYC (smollm-135m-shape's gate_up and down, 2 threads): linear_bf16 runs at 1.0-2.7x the
+# converting GEMM's rate from 16 to 64 rows (93-117 vs 38-110 GFLOP/s).
+EMULATED_BF16_MIN_ROWS = 65
+# fp32 weights: up to this many rows pyengine's linear_f32 (at 16 rows 1.1-1.3x torch's sgemm on
+# the same machine; from 32 rows torch's sgemm is faster).
+FAST_FP32_MAX_ROWS = 16
 
 
 @functools.lru_cache(maxsize=1)

@@ -2,7 +2,7 @@
 small batch in one call (``csrc/include/pyengine/cpu_decode.h``).
 
 Used where the model's small-batch linears are pyengine's kernels (bf16 on CPUs without native
-bf16 matmul; fp32 unless ``exact_fp32``) for batches of at most ``linear.MAX_ROWS`` rows: the
+bf16 matmul; fp32 unless ``exact_fp32``) for batches of at most ``max_rows`` rows: the
 same kernels, in the same order, as the model's Python forward with fused elementwise kernels,
 without the few hundred Python calls per step around them.
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 
 import pyengine.core._core as _core
-from pyengine.layers.linear import MAX_ROWS
+from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS, FAST_FP32_MAX_ROWS
 from pyengine.layers._kernel_checks import dtype_code
 
-__all__ = ["CpuDecodeLayers", "MAX_ROWS"]
+__all__ = ["CpuDecodeLayers"]
 
 _ORDER = ("input_norm", "post_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "gate_up", "down")
 
@@ -40,7 +40,9 @@ class CpuDecodeLayers:
             scale=model.scale, sliding_window=model.sliding_window, max_position=model.cos.shape[0],
             tokens_per_block=k0.shape[2], max_blocks_per_seq=max_blocks_per_seq,
             cache_dtype=dtype_code(k0, "k_cache"), dtype=dtype_code(model.embed, "weights"))
-        self.scratch = torch.empty(self.shape.scratch_elements(MAX_ROWS), dtype=model.dtype)
+        # the row counts at which the model's linears are pyengine's kernels (see layers.linear.dense)
+        self.max_rows = EMULATED_BF16_MIN_ROWS - 1 if model.dtype == torch.bfloat16 else FAST_FP32_MAX_ROWS
+        self.scratch = torch.empty(self.shape.scratch_elements(self.max_rows), dtype=model.dtype)
         self.cos, self.sin = model.cos, model.sin
 
     def run(self, h: torch.Tensor, positions: torch.Tensor, meta) -> None:

@@ -132,7 +132,7 @@ class LlamaFamilyModel:
         c = self.config
         T = input_ids.shape[0]
         eps = c.rms_norm_eps
-        if meta.cpu_decode is not None and 0 < T <= cpu_decode.MAX_ROWS:
+        if meta.cpu_decode is not None and 0 < T <= meta.cpu_decode.max_rows:
             h = F.embedding(input_ids, self.embed)
             meta.cpu_decode.run(h, positions, meta)
             h = rms_norm(h[logits_indices], self.norm, eps)

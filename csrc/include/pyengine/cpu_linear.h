@@ -14,8 +14,10 @@
 
 namespace pyengine::kernels {
 
-// Rows of x that one call takes (1 <= M <= kLinearMaxRows: batch-1 / small-batch decode).
-constexpr int32_t kLinearMaxRows = 15;
+// Rows of x that one call takes (1 <= M <= kLinearMaxRows: decode batches). Each weight tile is
+// read from memory once and reused from cache for all rows, so up to here the kernels keep up
+// with a BLAS GEMM that first converts bf16 weights to fp32.
+constexpr int32_t kLinearMaxRows = 64;
 constexpr int32_t kLinearBf16MaxRows = kLinearMaxRows;
 
 // y[m, n] = bf16(sum_k x[m, k] * weight[n, k] + bias[n]): exact bf16 products, fp32
