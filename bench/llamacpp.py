@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the llama-cpp-python sdist whose llama.cpp to build (default %(default)s)")
     p.add_argument("--build-jobs", type=int, default=2, help="parallel compile jobs (default 2)")
     p.add_argument("--skip-build-check", action="store_true",
-                   help="use the cached build as it is (no stamp check, no network); fail if there is none")
+                   help="use the cached build as it is, without checking its stamp; fail if there is none")
     p.add_argument("--checkpoint-root", type=Path, default=None, help="checkpoint cache dir")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = p.parse_args(argv)
@@ -388,7 +388,11 @@ def main(argv: list[str] | None = None) -> int:
     for dtype, res in results.items():
         print_table(dtype, res, sizes)
         print("  llama.cpp commands: " + "; ".join(res["llama_cpp_commands"].values()))
-        print(f"  llama-bench settings: {res['llama_bench_settings']}")
+        st = res["llama_bench_settings"]
+        fa = {-1: "auto", 0: "off", 1: "on"}.get(st.get("flash_attn"), st.get("flash_attn"))
+        print(f"  llama-bench: flash attention {fa}, batch {st.get('n_batch')}, micro-batch {st.get('n_ubatch')}, "
+              f"K/V cache {st.get('type_k')}/{st.get('type_v')}, {st.get('n_threads')} threads, build "
+              f"{st.get('build_commit')}, model '{st.get('model_type')}'")
     print(f"(wall time {time.perf_counter() - t_start:.0f} s)")
 
     if args.json:
