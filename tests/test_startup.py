@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import pyengine.engine.startup as engine_module
-from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig, StartupError
+from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig, StartupError, cpu_info
 from pyengine.runtime.model_runner import LIVE_KV_POOLS
 from pyengine.runtime.kv_capacity import CpuMemoryProbe
 
@@ -30,6 +30,9 @@ def test_report_lists_every_phase(llama_dir):
     assert all(p["seconds"] >= 0 for p in report["phases"])
     cap = report["kv_capacity"]
     assert cap["source"] == "estimated" and cap["rss_peak"] >= cap["rss_before"] > 0
+    info = cpu_info()
+    assert report["cpu_kernels"] == {"isa": info.isa, "reason": info.reason, "supported": list(info.supported)}
+    assert report["cpu_one_call_decode_max_rows"] == 16  # fp32: linear_f32 up to FAST_FP32_MAX_ROWS rows
 
 
 def _nothing_left_behind(threads_before: int) -> None:

@@ -17,6 +17,7 @@ from pyengine.engine.outputs import RequestOutput
 from pyengine.engine.requests import Prompt, RequestId, RequestTable
 from pyengine.engine.startup import StartupError, start_engine
 from pyengine.engine.step_loop import StepLoop
+from pyengine.layers.cpu_features import cpu_info
 from pyengine.sampling import SamplingParams
 
 __all__ = ["Engine", "StartupError"]
@@ -242,11 +243,17 @@ class Engine:
 
     def startup_report(self) -> dict[str, Any]:
         """The start-up phases with their seconds, the KV capacity figures, the sequence slots,
-        max_seq_len, the device and the captured CUDA graph sizes."""
+        max_seq_len, the device, the captured CUDA graph sizes, and on the CPU the kernels'
+        instruction-set level (with why, and the levels the CPU has) and the largest batch that
+        runs all decoder layers in one C++ call (0: none)."""
         p = self._parts
+        info = cpu_info()
+        one_call = self._runner.cpu_decode
         return {"phases": [{"name": n, "seconds": t} for n, t in p.phases], "kv_capacity": p.capacity.as_dict(),
                 "num_seq_slots": self.config.num_seq_slots, "max_seq_len": self.max_seq_len,
-                "device": str(self.device), "cuda_graph_batch_sizes": list(p.graph_sizes)}
+                "device": str(self.device), "cuda_graph_batch_sizes": list(p.graph_sizes),
+                "cpu_kernels": {"isa": info.isa, "reason": info.reason, "supported": list(info.supported)},
+                "cpu_one_call_decode_max_rows": 0 if one_call is None else one_call.max_rows}
 
     def check_resources(self) -> None:
         """Checks the pools' invariants and, when no request is left, that every block and
