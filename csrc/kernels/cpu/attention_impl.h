@@ -1,8 +1,9 @@
 // The paged-attention compute back end, compiled once per instruction-set level (isa_target.h):
 // attention_<level>.cpp defines PYENGINE_ISA_NS (isa_generic, isa_avx2, isa_avx512, isa_neon) and
 // includes this header under that level's target; attention_avx512.cpp also defines
-// PYENGINE_ATTN_AVX512, which adds hand-written AVX-512 block kernels. The other levels are
-// auto-vectorized from the portable loops below.
+// PYENGINE_ATTN_AVX512, which adds hand-written AVX-512 block kernels, attention_avx2.cpp
+// PYENGINE_ATTN_AVX2 (the same block kernel for rows of one query position, 8 lanes wide). The
+// other levels are auto-vectorized from the portable loops below.
 //
 // Everything here has internal linkage (anonymous namespace / static) or lives in the level's
 // namespace, so the builds of the same helpers can never be merged by the linker.
@@ -218,6 +219,159 @@ static inline void softmax_pv_row(float* __restrict s, const float* __restrict v
   fold_block(sum, m_old, m_new, *l, *m, acc, d);
   pv_row(s, v, acc, a, e, d);
 }
+
+#ifdef PYENGINE_ATTN_AVX2
+// ---- AVX2 block kernel: R (<= 4) query rows sharing one query position, one KV block ----
+// (the AVX-512 kernel's structure with 8-wide vectors; AVX2 has no lane masks for arithmetic,
+// so tails are blended or loaded through vmaskmov)
+
+// e^x for x <= 0, 8 lanes (the polynomial of exp_neg; 2^n through the exponent bits).
+static inline __m256 exp_neg_v8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  x = _mm256_min_ps(x, _mm256_setzero_ps());
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723212e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  // n is an integer in [-126, 0]: 2^n is the normal float with exponent field n + 127
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// All-ones in lanes [0, n), zeros from n on (n <= 8 is clamped).
+static inline __m256i lanes_below(int32_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline float hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+static inline float hmax8(__m256 v) {
+  const __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
+}
+
+// Horizontal sums of 8 vectors at once: v[j] = sum of the lanes of x[j] (x: 8 vectors, 8 apart).
+static inline __m256 hsum8x8(const float* x) {
+  const __m256 h01 = _mm256_hadd_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
+  const __m256 h23 = _mm256_hadd_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24));
+  const __m256 h45 = _mm256_hadd_ps(_mm256_loadu_ps(x + 32), _mm256_loadu_ps(x + 40));
+  const __m256 h67 = _mm256_hadd_ps(_mm256_loadu_ps(x + 48), _mm256_loadu_ps(x + 56));
+  const __m256 h0123 = _mm256_hadd_ps(h01, h23);  // per 128-bit half: vectors 0-3, lanes 0-3 | 4-7
+  const __m256 h4567 = _mm256_hadd_ps(h45, h67);
+  return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20),
+                       _mm256_permute2f128_ps(h0123, h4567, 0x31));
+}
+
+// Scores of R rows (q, d apart) against keys [t0, t0 + n), n <= 8, into s rows (ss apart);
+// lanes past n get 0.
+template <int R>
+static inline void scores8(const float* __restrict q, const float* __restrict k, int32_t t0,
+                           int32_t n, int32_t d, float* __restrict s, int64_t ss,
+                           float* __restrict stage) {
+  const int32_t dv = d / 8 * 8;
+  const __m256i dm = lanes_below(d - dv);
+  for (int32_t j = 0; j < 8; ++j) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    if (j < n) {
+      const float* kr = k + static_cast<int64_t>(t0 + j) * d;
+      int32_t i = 0;
+      for (; i < dv; i += 8) {
+        const __m256 kv = _mm256_loadu_ps(kr + i);
+        for (int r = 0; r < R; ++r)
+          acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + static_cast<int64_t>(r) * d + i), kv, acc[r]);
+      }
+      if (i < d) {
+        const __m256 kv = _mm256_maskload_ps(kr + i, dm);
+        for (int r = 0; r < R; ++r)
+          acc[r] = _mm256_fmadd_ps(_mm256_maskload_ps(q + static_cast<int64_t>(r) * d + i, dm), kv,
+                                   acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(stage + 64 * r + 8 * j, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(s + r * ss + t0, hsum8x8(stage + 64 * r));
+}
+
+template <int R>
+static void avx2_rows_t(const float* __restrict q, const float* __restrict k,
+                        const float* __restrict v, float* __restrict s, int64_t ss,
+                        float* __restrict acc, float* m, float* l, int32_t a, int32_t e,
+                        int32_t d, float* __restrict stage) {
+  for (int32_t t0 = a; t0 < e; t0 += 8) scores8<R>(q, k, t0, imin(8, e - t0), d, s, ss, stage);
+  // online softmax per row; probabilities overwrite the scores (zero past e)
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  for (int r = 0; r < R; ++r) {
+    float* sr = s + r * ss;
+    __m256 mx = neg_inf;
+    for (int32_t t0 = a; t0 < e; t0 += 8)
+      mx = _mm256_max_ps(mx, _mm256_blendv_ps(neg_inf, _mm256_loadu_ps(sr + t0),
+                                              _mm256_castsi256_ps(lanes_below(e - t0))));
+    const float m_old = m[r];
+    const float m_blk = hmax8(mx);
+    const float m_new = m_blk > m_old ? m_blk : m_old;
+    const __m256 mv = _mm256_set1_ps(m_new);
+    __m256 sum = _mm256_setzero_ps();
+    for (int32_t t0 = a; t0 < e; t0 += 8) {
+      const __m256 live = _mm256_castsi256_ps(lanes_below(e - t0));
+      const __m256 pv = _mm256_and_ps(live, exp_neg_v8(_mm256_sub_ps(_mm256_loadu_ps(sr + t0), mv)));
+      _mm256_storeu_ps(sr + t0, pv);
+      sum = _mm256_add_ps(sum, pv);
+    }
+    fold_block(hsum8(sum), m_old, m_new, l[r], m[r], acc + static_cast<int64_t>(r) * d, d);
+  }
+  // acc[r] += sum_t p[r][t] * v[t], each V chunk loaded once for the R rows
+  for (int32_t i = 0; i < d; i += 8) {
+    const bool full = i + 8 <= d;
+    const __m256i dm = lanes_below(d - i);
+    __m256 ac[R];
+    for (int r = 0; r < R; ++r) {
+      float* ar = acc + static_cast<int64_t>(r) * d + i;
+      ac[r] = full ? _mm256_loadu_ps(ar) : _mm256_maskload_ps(ar, dm);
+    }
+    for (int32_t t = a; t < e; ++t) {
+      const float* vr = v + static_cast<int64_t>(t) * d + i;
+      const __m256 vv = full ? _mm256_loadu_ps(vr) : _mm256_maskload_ps(vr, dm);
+      for (int r = 0; r < R; ++r) ac[r] = _mm256_fmadd_ps(_mm256_set1_ps(s[r * ss + t]), vv, ac[r]);
+    }
+    for (int r = 0; r < R; ++r) {
+      float* ar = acc + static_cast<int64_t>(r) * d + i;
+      if (full)
+        _mm256_storeu_ps(ar, ac[r]);
+      else
+        _mm256_maskstore_ps(ar, dm, ac[r]);
+    }
+  }
+}
+
+static inline void avx2_rows(int32_t R, const float* q, const float* k, const float* v, float* s,
+                             int64_t ss, float* acc, float* m, float* l, int32_t a, int32_t e,
+                             int32_t d, float* stage) {
+  switch (R) {
+    case 1:
+      return avx2_rows_t<1>(q, k, v, s, ss, acc, m, l, a, e, d, stage);
+    case 2:
+      return avx2_rows_t<2>(q, k, v, s, ss, acc, m, l, a, e, d, stage);
+    case 3:
+      return avx2_rows_t<3>(q, k, v, s, ss, acc, m, l, a, e, d, stage);
+    default:
+      return avx2_rows_t<4>(q, k, v, s, ss, acc, m, l, a, e, d, stage);
+  }
+}
+#endif  // PYENGINE_ATTN_AVX2
 
 #ifdef PYENGINE_ATTN_AVX512
 // ---- AVX-512 block kernel: R (<= 4) query rows sharing one query position, one KV block ----
@@ -541,6 +695,12 @@ static void run_item(const AttnParams& p, const WorkItem& it, float* scratch) {
         const int64_t r = static_cast<int64_t>(qi) * G + g0;
         avx512_rows(imin(4, G - g0), Q + r * D, K, V, S + r * SS, SS, acc + r * D, mrow + r,
                     lrow + r, a, e, D, stage);
+      }
+#elif defined(PYENGINE_ATTN_AVX2)
+      for (int32_t g0 = 0; g0 < G; g0 += 4) {
+        const int64_t r = static_cast<int64_t>(qi) * G + g0;
+        avx2_rows(imin(4, G - g0), Q + r * D, K, V, S + r * SS, SS, acc + r * D, mrow + r,
+                  lrow + r, a, e, D, stage);
       }
 #else
       for (int32_t g = 0; g < G; ++g) {
