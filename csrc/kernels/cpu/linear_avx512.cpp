@@ -96,33 +96,8 @@ void tile(const LinearArgs& a, const float* x, const W* w, float* out) {
 }
 
 constexpr int kMaxMB = 4;  // x rows per tile; the weight tile is then in L1 for the next x rows
-constexpr int kR = 4;      // weight rows per tile
 
-template <typename W, int R>
-void run_tiles(const LinearArgs& a, int32_t n, int32_t rows) {
-  const W* w = static_cast<const W*>(a.w) + static_cast<int64_t>(n) * a.K;
-  float out[kMaxMB * R];
-  for (int32_t m0 = 0; m0 < a.M; m0 += kMaxMB) {
-    const int32_t mb = std::min(kMaxMB, a.M - m0);
-    const float* x = a.xf + m0 * a.kp;
-    switch (mb) {
-      case 1: tile<W, 1, R>(a, x, w, out); break;
-      case 2: tile<W, 2, R>(a, x, w, out); break;
-      case 3: tile<W, 3, R>(a, x, w, out); break;
-      default: tile<W, 4, R>(a, x, w, out); break;
-    }
-    for (int32_t m = 0; m < mb; ++m)
-      for (int32_t r = 0; r < rows; ++r) linear_store(a, m0 + m, n + r, out[m * rows + r]);
-  }
-}
-
-template <typename W>
-void rows(const LinearArgs& a, int32_t n0, int32_t n1) {
-  if (a.M == 1) return rows_m1<W>(a, n0, n1);
-  int32_t n = n0;
-  for (; n + kR <= n1; n += kR) run_tiles<W, kR>(a, n, kR);
-  for (; n < n1; ++n) run_tiles<W, 1>(a, n, 1);
-}
+#include "linear_tiles.h"
 
 }  // namespace
 
