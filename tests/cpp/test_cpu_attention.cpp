@@ -49,6 +49,7 @@
 #include "fp_reference.h"
 #include "pyengine/cpu_isa.h"
 #include "pyengine/kernels.h"
+#include "isa_levels.h"
 #include "test_harness.h"
 
 using namespace pyengine::kernels;
@@ -352,16 +353,6 @@ void check_store_kv(DType src, DType cache, std::mt19937& rng, int64_t& failures
   for (size_t i = 0; i < kc.size(); ++i)
     if (!written[i] && (kc.bits(i) != sentinel_bits(cache) || vc.bits(i) != sentinel_bits(cache)))
       ++failures;
-}
-
-template <typename F>
-void at_every_level(F&& f) {
-  const pyengine::CpuIsa previous = pyengine::cpu_isa();
-  for (pyengine::CpuIsa level : pyengine::supported_cpu_isas()) {
-    pyengine::set_cpu_isa(level);
-    f(pyengine::cpu_isa_name(level));
-  }
-  pyengine::set_cpu_isa(previous);
 }
 
 }  // namespace

@@ -41,6 +41,7 @@
 #include "fp_reference.h"
 #include "pyengine/cpu_elementwise.h"
 #include "pyengine/cpu_isa.h"
+#include "isa_levels.h"
 #include "test_harness.h"
 
 using namespace pyengine::kernels;
@@ -219,16 +220,6 @@ void check_silu_mul(DType dt, int32_t rows, int32_t inter, std::mt19937& rng, St
           dt == DType::kFloat16 ? fpref::kF16SubnormalHalfStep * (std::fabs(up) + 1) : 0.0;
       st.check(out.get(static_cast<size_t>(r) * inter + i), ref, std::fabs(ref) * rel + abs, what);
     }
-}
-
-template <typename F>
-void at_every_level(F&& f) {
-  const pyengine::CpuIsa previous = pyengine::cpu_isa();
-  for (pyengine::CpuIsa level : pyengine::supported_cpu_isas()) {
-    pyengine::set_cpu_isa(level);
-    f(pyengine::cpu_isa_name(level));
-  }
-  pyengine::set_cpu_isa(previous);
 }
 
 void report(const char* level, DType dt, const Stats& st) {

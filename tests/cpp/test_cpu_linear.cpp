@@ -15,6 +15,7 @@
 
 #include "pyengine/cpu_isa.h"
 #include "pyengine/cpu_linear.h"
+#include "isa_levels.h"
 #include "test_harness.h"
 
 using namespace pyengine::kernels;
@@ -139,35 +140,28 @@ void no_read_past_the_weights_at_the_active_level() {
 
 }  // namespace
 
+// Prints the level before running the body at it.
+template <typename F>
+void at_every_level_logged(F&& body) {
+  at_every_level([&](const char* level) {
+    std::cout << "  level " << level << "\n";
+    body();
+  });
+}
+
 TEST(integer_inputs_give_the_rounded_exact_result_at_every_level) {
-  const pyengine::CpuIsa previous = pyengine::cpu_isa();
-  for (pyengine::CpuIsa level : pyengine::supported_cpu_isas()) {
-    pyengine::set_cpu_isa(level);
-    std::cout << "  level " << pyengine::cpu_isa_name(level) << "\n";
-    integer_inputs_at_the_active_level();
-  }
-  pyengine::set_cpu_isa(previous);
+  at_every_level_logged([] { integer_inputs_at_the_active_level(); });
 }
 
 TEST(every_tail_length_and_tile_edge_is_exact_at_every_level) {
-  const pyengine::CpuIsa previous = pyengine::cpu_isa();
-  for (pyengine::CpuIsa level : pyengine::supported_cpu_isas()) {
-    pyengine::set_cpu_isa(level);
-    std::cout << "  level " << pyengine::cpu_isa_name(level) << "\n";
-    tails_at_the_active_level();
-  }
-  pyengine::set_cpu_isa(previous);
+  at_every_level_logged([] { tails_at_the_active_level(); });
 }
 
 TEST(no_level_reads_past_the_last_weight_row) {
-  const pyengine::CpuIsa previous = pyengine::cpu_isa();
-  for (pyengine::CpuIsa level : pyengine::supported_cpu_isas()) {
-    pyengine::set_cpu_isa(level);
-    std::cout << "  level " << pyengine::cpu_isa_name(level) << "\n";
+  at_every_level_logged([] {
     no_read_past_the_weights_at_the_active_level<uint16_t>();
     no_read_past_the_weights_at_the_active_level<float>();
-  }
-  pyengine::set_cpu_isa(previous);
+  });
 }
 
 TEST(arguments_are_validated) {

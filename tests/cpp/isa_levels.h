@@ -1,0 +1,15 @@
+// Runs a test body once at every instruction-set level this CPU supports (pyengine/cpu_isa.h),
+// passing the level's name, and restores the level that was active before.
+#pragma once
+
+#include "pyengine/cpu_isa.h"
+
+template <typename F>
+void at_every_level(F&& f) {
+  const pyengine::CpuIsa previous = pyengine::cpu_isa();
+  for (pyengine::CpuIsa level : pyengine::supported_cpu_isas()) {
+    pyengine::set_cpu_isa(level);
+    f(pyengine::cpu_isa_name(level));
+  }
+  pyengine::set_cpu_isa(previous);
+}
