@@ -1,0 +1,82 @@
+// linear_quant: see pyengine/cpu_quant.h. The front end: argument checks, x quantized to 8-bit
+// blocks once (shared by all threads), each thread taking a contiguous range of output columns
+// (weight rows); the compute code is the active level's (linear_quant_<level>.cpp).
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "isa_target.h"
+#include "linear_quant_common.h"
+#include "pyengine/cpu_quant.h"
+
+namespace pyengine::kernels {
+
+namespace {
+
+using cpu::QuantLinearArgs;
+
+// Below this many weight bytes a call runs on one thread (a fork/join costs more).
+constexpr int64_t kMinParallelBytes = 1 << 14;
+// Output columns handed to a thread are a multiple of this.
+constexpr int32_t kColumnGrain = 4;
+
+void fail(const std::string& msg) { throw std::invalid_argument(msg); }
+
+void run_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
+  PYENGINE_ISA_CALL(quant_linear_rows, a, n0, n1);
+}
+
+}  // namespace
+
+void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M, const void* weight,
+                  QuantType type, int32_t N, int32_t K, const float* bias, int32_t num_threads) {
+  if (y == nullptr) fail("y: must not be null");
+  if (x == nullptr) fail("x: must not be null");
+  if (weight == nullptr) fail("weight: must not be null");
+  if (M < 1) fail("M: must be > 0, got " + std::to_string(M));
+  if (N < 1) fail("N: must be > 0, got " + std::to_string(N));
+  const int64_t wrow = quant_row_bytes(type, K);  // checks the type and K
+  if (ldx < K) fail("ldx: must be >= K = " + std::to_string(K) + ", got " + std::to_string(ldx));
+  if (ldy < N) fail("ldy: must be >= N = " + std::to_string(N) + ", got " + std::to_string(ldy));
+  (void)cpu_isa();  // throws here, before any thread starts, if PYENGINE_CPU_ISA is invalid
+
+  const int nt_max = num_threads > 0 ? num_threads : omp_get_max_threads();
+  // x -> 8-bit blocks once; reused across calls by the calling thread.
+  static thread_local std::vector<uint8_t> xq;
+  const int32_t act = cpu::act_block_elems(type);
+  const int64_t xrow = act == cpu::kQK ? K / cpu::kQK * static_cast<int64_t>(sizeof(cpu::ActQ8_32))
+                                       : K / cpu::kQKK * static_cast<int64_t>(sizeof(cpu::ActQ8_256));
+  xq.resize(static_cast<size_t>(M * xrow));
+  uint8_t* xqp = xq.data();
+#pragma omp parallel for num_threads(nt_max) schedule(static) if (M >= 16)
+  for (int32_t m = 0; m < M; ++m) {
+    if (act == cpu::kQK)
+      cpu::quantize_act_32(x + m * ldx, reinterpret_cast<cpu::ActQ8_32*>(xqp + m * xrow), K);
+    else
+      cpu::quantize_act_256(x + m * ldx, reinterpret_cast<cpu::ActQ8_256*>(xqp + m * xrow), K);
+  }
+
+  const QuantLinearArgs a{y, ldy, xqp, xrow, static_cast<const uint8_t*>(weight), wrow, type, bias, M, N, K};
+  int nt = nt_max;
+  if (static_cast<int64_t>(N) * wrow * std::max<int64_t>(1, M / 8) < kMinParallelBytes) nt = 1;
+  nt = std::max(1, std::min(nt, (N + kColumnGrain - 1) / kColumnGrain));
+  if (nt == 1) {
+    run_rows(a, 0, N);
+    return;
+  }
+  const int32_t groups = (N + kColumnGrain - 1) / kColumnGrain;
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+    const int T_ = omp_get_num_threads();
+    const int32_t g0 = static_cast<int32_t>(static_cast<int64_t>(groups) * t / T_);
+    const int32_t g1 = static_cast<int32_t>(static_cast<int64_t>(groups) * (t + 1) / T_);
+    run_rows(a, g0 * kColumnGrain, std::min(N, g1 * kColumnGrain));
+  }
+}
+
+}  // namespace pyengine::kernels

@@ -1,0 +1,47 @@
+// Internal interface between the quantized linear kernel's front end (linear_quant.cpp: checks,
+// activations quantized once, threads, ISA dispatch) and its compute code per instruction-set
+// level (linear_quant_<level>.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "pyengine/cpu_quant.h"
+#include "quant_blocks.h"
+
+namespace pyengine::kernels::cpu {
+
+struct QuantLinearArgs {
+  float* y;  // [M, N], rows ldy apart
+  int64_t ldy;
+  // x quantized: M rows of xrow_bytes, each ActQ8_32[K / 32] (Q8_0, Q4_0 weights) or
+  // ActQ8_256[K / 256] (Q4_K, Q6_K weights)
+  const uint8_t* xq;
+  int64_t xrow_bytes;
+  const uint8_t* w;  // [N] rows of wrow_bytes
+  int64_t wrow_bytes;
+  QuantType type;
+  const float* bias;  // [N] or null
+  int32_t M, N, K;
+};
+
+// Activation blocks used with weights of `type`: 32 (ActQ8_32) or 256 (ActQ8_256) values each.
+static inline int32_t act_block_elems(QuantType type) {
+  return type == QuantType::kQ8_0 || type == QuantType::kQ4_0 ? kQK : kQKK;
+}
+
+static inline void quant_linear_store(const QuantLinearArgs& a, int32_t m, int32_t n, float acc) {
+  a.y[m * a.ldy + n] = a.bias != nullptr ? acc + a.bias[n] : acc;
+}
+
+// Each level: the weight rows [n0, n1) against every row of x.
+#define PYENGINE_QUANT_LINEAR_ENTRY_POINTS \
+  void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1);
+
+namespace isa_generic { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
+namespace isa_avx2 { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
+namespace isa_avx512 { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
+namespace isa_neon { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
+
+#undef PYENGINE_QUANT_LINEAR_ENTRY_POINTS
+
+}  // namespace pyengine::kernels::cpu

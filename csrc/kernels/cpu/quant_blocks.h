@@ -1,0 +1,106 @@
+// The quantized block layouts (llama.cpp's, see pyengine/cpu_quant.h) and the 8-bit activation
+// blocks the quantized linear kernels multiply them with. Included by baseline and by per-level
+// translation units: everything here is a type, a constant or `static inline`.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "dtype_convert.h"
+
+namespace pyengine::kernels::cpu {
+
+constexpr int kQK = 32;    // weights per Q8_0 / Q4_0 block
+constexpr int kQKK = 256;  // weights per K-quant super-block
+
+struct BlockQ8_0 {
+  uint16_t d;  // fp16
+  int8_t qs[kQK];
+};
+struct BlockQ4_0 {
+  uint16_t d;  // fp16
+  uint8_t qs[kQK / 2];
+};
+struct BlockQ4_K {
+  uint16_t d;     // fp16, the scale of the sub-block scales
+  uint16_t dmin;  // fp16, the scale of the sub-block mins
+  uint8_t scales[12];
+  uint8_t qs[kQKK / 2];
+};
+struct BlockQ6_K {
+  uint8_t ql[kQKK / 2];
+  uint8_t qh[kQKK / 4];
+  int8_t scales[kQKK / 16];
+  uint16_t d;  // fp16
+};
+static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18, "llama.cpp block sizes");
+static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ6_K) == 210, "llama.cpp block sizes");
+
+// Activations quantized for blocks of 32 weights: x ~= d * qs.
+struct ActQ8_32 {
+  float d;
+  int8_t qs[kQK];
+};
+// Activations quantized for super-blocks of 256 weights, with the sums of each 16 values.
+struct ActQ8_256 {
+  float d;
+  int16_t bsums[kQKK / 16];
+  int8_t qs[kQKK];
+};
+
+// Round to nearest, ties to even, for |f| < 2^22 (llama.cpp's nearest_int, whose results the
+// reference quantizers must reproduce).
+static inline int nearest_int(float f) {
+  const float v = f + 12582912.0f;  // 1.5 * 2^23: the integer lands in the low mantissa bits
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  return static_cast<int>(u & 0x007fffffu) - 0x00400000;
+}
+
+// Q4_K's 6-bit scale and min of sub-block j (0..7) from its 12 packed bytes.
+static inline void q4k_scale_min(int j, const uint8_t* s, uint8_t& sc, uint8_t& m) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    m = s[j + 4] & 63;
+  } else {
+    sc = static_cast<uint8_t>((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4));
+    m = static_cast<uint8_t>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  }
+}
+
+// Quantizes n values (a multiple of 16) into `blocks` ActQ8_32 (n % 32 == 0) or ActQ8_256
+// (n % 256 == 0): d = max|x| / 127, q = nearest(x / d).
+static inline void quantize_act_32(const float* x, ActQ8_32* out, int64_t n) {
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const float* v = x + b * kQK;
+    float amax = 0.0f;
+    for (int i = 0; i < kQK; ++i) amax = std::max(amax, v[i] < 0 ? -v[i] : v[i]);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = d;
+    for (int i = 0; i < kQK; ++i) out[b].qs[i] = static_cast<int8_t>(nearest_int(v[i] * id));
+  }
+}
+
+static inline void quantize_act_256(const float* x, ActQ8_256* out, int64_t n) {
+  for (int64_t b = 0; b < n / kQKK; ++b) {
+    const float* v = x + b * kQKK;
+    float amax = 0.0f;
+    for (int i = 0; i < kQKK; ++i) amax = std::max(amax, v[i] < 0 ? -v[i] : v[i]);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = d;
+    for (int g = 0; g < kQKK / 16; ++g) {
+      int sum = 0;
+      for (int i = g * 16; i < g * 16 + 16; ++i) {
+        const int q = nearest_int(v[i] * id);
+        out[b].qs[i] = static_cast<int8_t>(q);
+        sum += q;
+      }
+      out[b].bsums[g] = static_cast<int16_t>(sum);
+    }
+  }
+}
+
+}  // namespace pyengine::kernels::cpu
