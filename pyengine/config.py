@@ -13,6 +13,7 @@ from pyengine.core import CAPACITY_POLICIES as _CAPACITY_POLICIES
 from pyengine.core import QUEUE_POLICIES as _QUEUE_POLICIES
 from pyengine.dtypes import KV_CACHE_DTYPES as _KV_CACHE_DTYPES
 from pyengine.dtypes import model_dtype
+from pyengine.quant.formats import quant_format
 
 # The names the C++ core knows (one source: its enums, through the bindings).
 CAPACITY_POLICIES = tuple(_CAPACITY_POLICIES)
@@ -120,6 +121,8 @@ class EngineConfig:
     cuda_graphs: bool = True
     cuda_graph_batch_sizes: Sequence[int] | None = None
     exact_fp32: bool = False
+    quantization: str | None = None
+    quantize_lm_head: bool = True
 
     def __post_init__(self) -> None:
         self.model = Path(self.model)
@@ -139,6 +142,13 @@ class EngineConfig:
         self.overlap = bool(self.overlap)
         if not isinstance(self.exact_fp32, bool):
             raise TypeError(f"exact_fp32 must be a bool, got {self.exact_fp32!r}")
+        if not isinstance(self.quantize_lm_head, bool):
+            raise TypeError(f"quantize_lm_head must be a bool, got {self.quantize_lm_head!r}")
+        if self.quantization is not None:
+            self.quantization = quant_format(self.quantization).name  # ValueError naming the formats
+            if self.dtype != torch.float32:
+                raise ValueError(f"quantization={self.quantization!r} computes with float32 activations: dtype must "
+                                 f"be 'float32', got {self.dtype}")
 
     @property
     def num_seq_slots(self) -> int:

@@ -48,6 +48,13 @@ class Engine:
         batches use pyengine's own fp32 GEMV and run all layers in one C++ call, about twice as
         fast at batch 1; its sums run in another order, so a greedy token can differ from
         transformers' where the two best logits are within rounding noise of each other.
+    quantization: quantize the checkpoint's float weights at load, into one of llama.cpp's block
+        formats: "q8_0", "q4_0", "q4_k" (round to nearest, as llama-quantize does without an
+        importance matrix; see `pyengine.quant`). The linear layers take that format (where a
+        layer's rows do not fit it, the next one that fits); the output projection Q6_K (Q8_0 if
+        its rows do not fit; Q8_0 stays Q8_0). Activations stay float32 (dtype must be float32).
+        CPU only.
+    quantize_lm_head: with `quantization`, False keeps the embedding table and lm_head in float32.
 
     The CPU kernels run at the highest instruction-set level the CPU supports (see
     `pyengine.cpu_info()`); the PYENGINE_CPU_ISA environment variable ("generic", "avx2",
@@ -61,12 +68,14 @@ class Engine:
                  scheduler_config: SchedulerConfig | None = None,
                  max_seq_len: int | None = None, seed: int | None = None, overlap: bool = False,
                  device: str | torch.device = "cpu", cuda_graphs: bool = True,
-                 cuda_graph_batch_sizes: Sequence[int] | None = None, exact_fp32: bool = False) -> None:
+                 cuda_graph_batch_sizes: Sequence[int] | None = None, exact_fp32: bool = False,
+                 quantization: str | None = None, quantize_lm_head: bool = True) -> None:
         self._closed = True
         parts = start_engine(model=model, dtype=dtype, kv_cache_config=kv_cache_config,
                              scheduler_config=scheduler_config, max_seq_len=max_seq_len, seed=seed,
                              overlap=overlap, device=device, cuda_graphs=cuda_graphs,
-                             cuda_graph_batch_sizes=cuda_graph_batch_sizes, exact_fp32=exact_fp32)
+                             cuda_graph_batch_sizes=cuda_graph_batch_sizes, exact_fp32=exact_fp32,
+                             quantization=quantization, quantize_lm_head=quantize_lm_head)
         self._parts = parts
         self.config = parts.config
         self.model_dir, self.model_config, self.tokenizer = parts.config.model, parts.model_config, parts.tokenizer

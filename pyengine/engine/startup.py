@@ -28,6 +28,7 @@ from pyengine.engine.requests import load_tokenizer
 from pyengine.layers.cpu_features import cpu_info
 from pyengine.models import LlamaFamilyModel, ModelConfig, model_class
 from pyengine.models.loader import load_tensors
+from pyengine.quant.on_load import QuantPlan
 from pyengine.runtime.cuda_graphs import DecodeGraphs, check_graph_batch_sizes, default_graph_batch_sizes
 from pyengine.runtime.device import resolve_device
 from pyengine.runtime.kv_capacity import (SKIP_ENV, CpuMemoryProbe, CudaMemoryProbe, KvCapacity, MemoryReading,
@@ -68,6 +69,7 @@ class EngineParts:
     sampler: Sampler | None = None
     runner: ModelRunner | None = None
     phases: list[tuple[str, float]] = field(default_factory=list)
+    quant_plan: QuantPlan | None = None  # the formats quantize-on-load chose, tensor by tensor
 
 
 @contextlib.contextmanager
@@ -91,9 +93,16 @@ def start_engine(**engine_args: Any) -> EngineParts:
         mc = parts.model_config
         cls = model_class(mc)
         names, optional = cls.weight_names(mc)
-        weights = load_tensors(parts.config.model, names, parts.config.dtype, optional)
+        convert = None
+        if parts.config.quantization is not None:
+            parts.quant_plan = QuantPlan.create(parts.config.quantization, mc.tie_word_embeddings,
+                                                parts.config.quantize_lm_head)
+            convert = parts.quant_plan.convert
+        weights = load_tensors(parts.config.model, names, parts.config.dtype, optional, convert=convert)
         model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device,
                     exact_fp32=parts.config.exact_fp32)
+        if parts.quant_plan is not None:
+            logger.info("quantized at load to %s: %s", parts.config.quantization, parts.quant_plan.summary())
     with _phase(phases, "kv_capacity"):
         parts.capacity = _kv_capacity(parts, model)
     with _phase(phases, "scheduler"):
@@ -124,6 +133,8 @@ def _configure(cfg: EngineConfig) -> EngineParts:
             raise ValueError("KvCacheConfig.dtype='float8_e4m3' needs device='cuda' (the CPU kernels have no fp8)")
         if cfg.dtype == torch.float32:
             raise ValueError("KvCacheConfig.dtype='float8_e4m3' needs a bfloat16 or float16 model, got dtype=float32")
+    if cfg.quantization is not None and device.type != "cpu":
+        raise ValueError(f"quantization={cfg.quantization!r} runs on the CPU only, got device={str(device)!r}")
     mc = ModelConfig.from_model_dir(cfg.model)
     max_seq_len = mc.max_position_embeddings if cfg.max_seq_len is None else cfg.max_seq_len
     if not 1 <= max_seq_len <= mc.max_position_embeddings:

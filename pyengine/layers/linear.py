@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 import pyengine.core._core as _core
 from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS, FAST_FP32_MAX_ROWS
+from pyengine.quant import QuantizedWeight
 
 __all__ = ["dense", "linear_bf16", "linear_f32", "MAX_ROWS"]
 
@@ -84,14 +85,18 @@ def linear_f32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     return _linear(x, weight, bias, out, torch.float32)
 
 
-def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+def dense(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
           emulate_bf16: bool = False, fast_fp32: bool = False) -> torch.Tensor:
     """``F.linear(x, weight, bias)``. With `emulate_bf16` (bf16 weights on a CPU without bf16
     instructions, where torch's bf16 GEMM is emulated and slow) the same rounding comes from
     faster paths: for batches of several rows, an fp32 matmul on the bf16 values (products exact,
     fp32 accumulation, the output rounded to bf16); for fewer rows (decode batches),
     `linear_bf16`, which streams the weights at memory speed. With `fast_fp32` (fp32 weights on the CPU), batches of
-    at most FAST_FP32_MAX_ROWS rows go through `linear_f32` (the same sums in another order)."""
+    at most FAST_FP32_MAX_ROWS rows go through `linear_f32` (the same sums in another order).
+    A QuantizedWeight computes in fp32 (x quantized to 8 bits per block on the fly) at any row
+    count; the result is returned in x's dtype."""
+    if isinstance(weight, QuantizedWeight):
+        return weight.linear(x, bias).to(x.dtype)
     if fast_fp32 and 0 < x.shape[0] <= FAST_FP32_MAX_ROWS:
         return linear_f32(x.contiguous(), weight, bias)
     if emulate_bf16 and x.shape[0] >= EMULATED_BF16_MIN_ROWS:

@@ -20,6 +20,7 @@ from pyengine.layers.linear import dense
 from pyengine.layers.norm import add_rms_norm, rms_norm
 from pyengine.layers.rotary import apply_rotary, rope_tables
 from pyengine.models.config import ModelConfig
+from pyengine.quant import QuantizedWeight
 
 
 @dataclass
@@ -39,8 +40,19 @@ class AttentionMetadata:
     cpu_decode: "cpu_decode.CpuDecodeLayers | None" = None
 
 
-def weights_on_cpu(t: torch.Tensor) -> bool:
+def weights_on_cpu(t: torch.Tensor | QuantizedWeight) -> bool:
     return t.device.type == "cpu"
+
+
+def cat_rows(parts: list[torch.Tensor | QuantizedWeight]) -> torch.Tensor | QuantizedWeight:
+    """Weight matrices stacked by rows (q, k, v into qkv; gate, up into gate_up)."""
+    quantized = [isinstance(p, QuantizedWeight) for p in parts]
+    if all(quantized):
+        return QuantizedWeight.cat(parts)
+    if any(quantized):
+        raise ValueError("cannot fuse quantized and unquantized weights into one matrix: "
+                         f"{['quantized' if q else 'float' for q in quantized]}")
+    return torch.cat(parts)
 
 
 class LlamaFamilyModel:
@@ -56,7 +68,7 @@ class LlamaFamilyModel:
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         self.q_size, self.kv_size = q_size, kv_size
 
-        def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        def take(name: str, shape: tuple[int, ...]) -> torch.Tensor | QuantizedWeight:
             t = weights.pop(name)
             if tuple(t.shape) != shape:
                 raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {shape} from config.json")
@@ -70,12 +82,12 @@ class LlamaFamilyModel:
                 "input_norm": take(p + "input_layernorm.weight", (c.hidden_size,)),
                 "post_norm": take(p + "post_attention_layernorm.weight", (c.hidden_size,)),
                 # q, k, v fused into one matmul; gate and up likewise.
-                "qkv": torch.cat([take(p + "self_attn.q_proj.weight", (q_size, c.hidden_size)),
-                                  take(p + "self_attn.k_proj.weight", (kv_size, c.hidden_size)),
-                                  take(p + "self_attn.v_proj.weight", (kv_size, c.hidden_size))]),
+                "qkv": cat_rows([take(p + "self_attn.q_proj.weight", (q_size, c.hidden_size)),
+                                 take(p + "self_attn.k_proj.weight", (kv_size, c.hidden_size)),
+                                 take(p + "self_attn.v_proj.weight", (kv_size, c.hidden_size))]),
                 "o": take(p + "self_attn.o_proj.weight", (c.hidden_size, q_size)),
-                "gate_up": torch.cat([take(p + "mlp.gate_proj.weight", (c.intermediate_size, c.hidden_size)),
-                                      take(p + "mlp.up_proj.weight", (c.intermediate_size, c.hidden_size))]),
+                "gate_up": cat_rows([take(p + "mlp.gate_proj.weight", (c.intermediate_size, c.hidden_size)),
+                                     take(p + "mlp.up_proj.weight", (c.intermediate_size, c.hidden_size))]),
                 "down": take(p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),
                 "qkv_bias": None, "q_norm": None, "k_norm": None,
             }
@@ -105,6 +117,16 @@ class LlamaFamilyModel:
         # On the CPU, RMSNorm (+ residual add), RoPE and SiLU-mul of small batches run as one
         # C++ call each (pyengine/cpu_elementwise.py), rounding as torch's operations do.
         self.fused_elementwise = dtype in cpu_elementwise.SUPPORTED_DTYPES and weights_on_cpu(self.embed)
+        # weights in llama.cpp's block formats (pyengine/quant), computed with fp32 activations
+        self.quantized = any(isinstance(w, QuantizedWeight) for layer in self.layers for w in layer.values()) \
+            or isinstance(self.lm_head, QuantizedWeight) or isinstance(self.embed, QuantizedWeight)
+        if self.quantized and dtype != torch.float32:
+            raise ValueError(f"quantized weights compute with float32 activations: dtype must be float32, got {dtype}")
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.embed, QuantizedWeight):
+            return self.embed.embedding(input_ids)
+        return F.embedding(input_ids, self.embed)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         return dense(x, w, b, self.emulate_bf16, self.fast_fp32)
@@ -133,7 +155,7 @@ class LlamaFamilyModel:
         T = input_ids.shape[0]
         eps = c.rms_norm_eps
         if meta.cpu_decode is not None and 0 < T <= meta.cpu_decode.max_rows:
-            h = F.embedding(input_ids, self.embed)
+            h = self.embed_tokens(input_ids)
             meta.cpu_decode.run(h, positions, meta)
             h = rms_norm(h[logits_indices], self.norm, eps)
             return self.linear(h, self.lm_head).float()
@@ -141,7 +163,7 @@ class LlamaFamilyModel:
         # the fused kernel reads the whole tables; the torch form takes the batch's rows, [T, 1, D]
         cos, sin = (self.cos, self.sin) if fused else (self.cos[positions].unsqueeze(1),
                                                        self.sin[positions].unsqueeze(1))
-        h = F.embedding(input_ids, self.embed)
+        h = self.embed_tokens(input_ids)
         delta = None  # the last sublayer's output, not yet added to the residual stream h
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h, x = add_rms_norm(h, delta, layer["input_norm"], eps, fused)

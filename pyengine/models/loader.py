@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from safetensors import safe_open
+from tqdm.auto import tqdm
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -36,9 +38,16 @@ def checkpoint_files(model_dir: str | Path) -> dict[str, Path]:
     raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in model directory {str(model_dir)!r}")
 
 
+# Loading shows a progress bar when converting (quantizing) at least this many weights.
+PROGRESS_MIN_ELEMENTS = 500_000_000
+
+
 def load_tensors(model_dir: str | Path, names: list[str], dtype: torch.dtype,
-                 optional: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
-    """Loads the named tensors converted to `dtype`. A missing required name raises ValueError."""
+                 optional: tuple[str, ...] = (),
+                 convert: Callable[[str, torch.Tensor], Any] | None = None) -> dict[str, Any]:
+    """Loads the named tensors converted to `dtype`, then through `convert(name, tensor)` if given
+    (one tensor at a time, so a quantized model never holds all its float weights at once). A
+    missing required name raises ValueError."""
     files = checkpoint_files(model_dir)
     missing = [n for n in names if n not in files and n not in optional]
     if missing:
@@ -48,17 +57,53 @@ def load_tensors(model_dir: str | Path, names: list[str], dtype: torch.dtype,
     for n in names:
         if n in files:
             by_file.setdefault(files[n], []).append(n)
-    out: dict[str, torch.Tensor] = {}
-    for path, wanted in by_file.items():
-        try:
-            with safe_open(str(path), framework="pt") as f:
+    out: dict[str, Any] = {}
+    bar = None
+    if convert is not None:
+        total = _count_elements(by_file)
+        bar = tqdm(total=total, unit="weights", unit_scale=True, desc="quantizing", leave=False,
+                   disable=total < PROGRESS_MIN_ELEMENTS)
+    try:
+        for path, wanted in by_file.items():
+            with _open(path) as f:
                 for n in wanted:
-                    out[n] = f.get_tensor(n).to(dtype)
-        except Exception as e:  # a corrupt file surfaces as one clear error naming it
-            if isinstance(e, ValueError) and "missing tensor" in str(e):
-                raise
-            raise _read_error(path, e) from e
+                    try:
+                        t = f.get_tensor(n).to(dtype)
+                    except Exception as e:  # a corrupt file surfaces as one clear error naming it
+                        raise _read_error(path, e) from e
+                    if convert is not None:
+                        bar.update(t.numel())
+                        t = convert(n, t)
+                    out[n] = t
+    finally:
+        if bar is not None:
+            bar.close()
     return out
+
+
+def _open(path: Path):
+    """safe_open(path), a failure surfacing as one clear error naming the file."""
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as e:
+        raise _read_error(path, e) from e
+
+
+def _count_elements(by_file: dict[Path, list[str]]) -> int:
+    """Elements of the named tensors, from the files' headers (nothing loaded)."""
+    total = 0
+    for path, wanted in by_file.items():
+        with _open(path) as f:
+            for n in wanted:
+                try:
+                    shape = f.get_slice(n).get_shape()
+                except Exception as e:
+                    raise _read_error(path, e) from e
+                count = 1
+                for d in shape:
+                    count *= d
+                total += count
+    return total
 
 
 def _read_error(path: Path, e: Exception) -> ValueError:

@@ -1,0 +1,7 @@
+"""Quantized weights: llama.cpp's block formats (Q8_0, Q4_0, Q4_K, Q6_K), quantize-on-load, and
+the CPU kernels that compute with them (csrc/include/pyengine/cpu_quant.h)."""
+
+from pyengine.quant.formats import QUANT_FORMATS, QuantFormat, quant_format
+from pyengine.quant.weight import QuantizedWeight
+
+__all__ = ["QUANT_FORMATS", "QuantFormat", "QuantizedWeight", "quant_format"]

@@ -1,0 +1,95 @@
+"""Quantize-on-load: which format each tensor of a float checkpoint gets, following llama.cpp's
+rules for a model quantized without an importance matrix:
+
+- every linear layer of the decoder (q, k, v, o, gate, up, down) takes the requested format;
+  where its rows do not hold a whole number of blocks, the format llama.cpp falls back to
+  (see `FALLBACK`);
+- the output projection (lm_head, or the embedding table when the two are tied) takes Q6_K,
+  or Q8_0 when its rows do not fit Q6_K (unless the requested format is Q8_0, which it keeps);
+  a separate input embedding table takes the requested format;
+- norms and biases stay in the model's dtype.
+
+With ``quantize_lm_head=False`` the embedding table and lm_head stay in the model's dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pyengine.quant.formats import QuantFormat, quant_format
+from pyengine.quant.weight import QuantizedWeight
+
+__all__ = ["QuantPlan", "FALLBACK"]
+
+_LINEAR_SUFFIXES = tuple(f"self_attn.{p}_proj.weight" for p in "qkvo") + tuple(
+    f"mlp.{p}_proj.weight" for p in ("gate", "up", "down"))
+_EMBED = "model.embed_tokens.weight"
+_LM_HEAD = "lm_head.weight"
+
+# The format a tensor takes when its rows do not fit the requested one. llama.cpp falls back
+# from Q4_K to Q5_0, which pyengine does not implement yet: Q8_0 stands in for it.
+FALLBACK = {"q4_k": "q8_0", "q6_k": "q8_0", "q4_0": "q8_0", "q8_0": None}
+
+
+@dataclass
+class QuantPlan:
+    """The formats of one model's tensors, decided from names and shapes as tensors load."""
+
+    method: QuantFormat
+    tied_embeddings: bool
+    quantize_lm_head: bool = True
+    # tensor name -> format name, or the reason it stayed in the model's dtype
+    report: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, method: str, tied_embeddings: bool, quantize_lm_head: bool = True) -> "QuantPlan":
+        return cls(quant_format(method), tied_embeddings, quantize_lm_head)
+
+    def format_for(self, name: str, shape: tuple[int, ...]) -> QuantFormat | None:
+        """The format for tensor `name` of `shape`, or None to keep it in the model's dtype."""
+        if len(shape) != 2:
+            return None
+        k = shape[1]
+        is_output = name == _LM_HEAD or (name == _EMBED and self.tied_embeddings)
+        if is_output or name == _EMBED:
+            if not self.quantize_lm_head:
+                return None
+            if is_output and self.method.name != "q8_0":
+                return self._fitting("q6_k", k)
+            return self._fitting(self.method.name, k)
+        if name.endswith(_LINEAR_SUFFIXES):
+            return self._fitting(self.method.name, k)
+        return None
+
+    def _fitting(self, name: str, k: int) -> QuantFormat | None:
+        while name is not None:
+            fmt = quant_format(name)
+            if fmt.fits(k):
+                return fmt
+            name = FALLBACK[name]
+        return None
+
+    def convert(self, name: str, tensor: torch.Tensor) -> torch.Tensor | QuantizedWeight:
+        """`tensor` quantized if the plan says so (recording what was done in `report`)."""
+        fmt = self.format_for(name, tuple(tensor.shape))
+        if fmt is None:
+            if len(tensor.shape) == 2:
+                self.report[name] = "kept (quantize_lm_head=False)" if not self.quantize_lm_head else \
+                    f"kept (rows of {tensor.shape[1]} fit no format)"
+            return tensor
+        if fmt != self.method:
+            self.report[name] = f"{fmt.name} (rows of {tensor.shape[1]} weights)" if name.endswith(_LINEAR_SUFFIXES) \
+                else fmt.name
+        else:
+            self.report[name] = fmt.name
+        return QuantizedWeight.quantize(tensor, fmt)
+
+    def summary(self) -> dict[str, int]:
+        """How many tensors took each format (or stayed unquantized)."""
+        counts: dict[str, int] = {}
+        for v in self.report.values():
+            key = v.split(" ")[0]
+            counts[key] = counts.get(key, 0) + 1
+        return counts

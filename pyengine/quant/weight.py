@@ -1,0 +1,189 @@
+"""`QuantizedWeight`: a weight matrix [N, K] stored in quantized blocks on the CPU, with the
+operations a model needs from it -- the linear layer, an embedding lookup, dequantization.
+
+The rows may come in groups of different formats (a GGUF file can store q and k in Q4_K and v
+in Q6_K; pyengine fuses them into one qkv matrix all the same): each group is a uint8 tensor
+[rows, row_bytes] of llama.cpp blocks. No fp32 or bf16 copy of the weights is kept.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import pyengine.core._core as _core
+from pyengine.quant.formats import QuantFormat, quant_format
+
+__all__ = ["QuantizedWeight"]
+
+
+def _check_float(t: torch.Tensor, name: str) -> None:
+    if t.dtype != torch.float32:
+        raise ValueError(f"{name}: dtype must be torch.float32, got {t.dtype}")
+    if not t.is_cpu:
+        raise ValueError(f"{name}: must be a CPU tensor, got device {t.device}")
+
+
+class QuantizedWeight:
+    """Quantized [N, K] weights: `parts` are (format, uint8 tensor [rows, row_bytes]) groups of
+    consecutive rows."""
+
+    def __init__(self, parts: list[tuple[QuantFormat, torch.Tensor]], k: int) -> None:
+        if not parts:
+            raise ValueError("a QuantizedWeight needs at least one row group")
+        checked = []
+        for fmt, data in parts:
+            fmt = quant_format(fmt)
+            rb = fmt.row_bytes(k)
+            if data.dtype != torch.uint8 or data.dim() != 2 or data.shape[1] != rb or not data.is_cpu:
+                raise ValueError(f"{fmt.name} rows of {k} weights: expected a CPU uint8 tensor [rows, {rb}], "
+                                 f"got {data.dtype} {tuple(data.shape)} on {data.device}")
+            checked.append((fmt, data.contiguous()))
+        self.parts = checked
+        self.k = k
+        self.n = sum(d.shape[0] for _, d in checked)
+
+    # ---- construction ----
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor, fmt: str | QuantFormat) -> "QuantizedWeight":
+        """Quantizes float weights [N, K] (round-to-nearest, llama.cpp's reference quantizers)."""
+        fmt = quant_format(fmt)
+        if w.dim() != 2:
+            raise ValueError(f"weight: expected 2 dims [N, K], got {tuple(w.shape)}")
+        n, k = w.shape
+        rb = fmt.row_bytes(k)
+        src = w.detach().to("cpu", torch.float32).contiguous()
+        data = torch.empty((n, rb), dtype=torch.uint8)
+        _core._quantize_rows(fmt.type_id, src.data_ptr(), data.data_ptr(), n, k, torch.get_num_threads())
+        return cls([(fmt, data)], k)
+
+    @classmethod
+    def from_blocks(cls, fmt: str | int | QuantFormat, data: torch.Tensor, shape: tuple[int, int]) -> "QuantizedWeight":
+        """Wraps raw blocks (any uint8 tensor of N * row_bytes bytes, e.g. read from a GGUF file)
+        as weights of `shape` [N, K]."""
+        fmt = quant_format(fmt)
+        n, k = shape
+        rb = fmt.row_bytes(k)
+        if data.dtype != torch.uint8 or data.numel() != n * rb:
+            raise ValueError(f"{fmt.name} weights of shape {tuple(shape)}: expected {n * rb} uint8 bytes, "
+                             f"got {data.numel()} of {data.dtype}")
+        return cls([(fmt, data.reshape(n, rb))], k)
+
+    @staticmethod
+    def cat(weights: list["QuantizedWeight"]) -> "QuantizedWeight":
+        """The rows of `weights` one after another (all of the same K); adjacent groups of one
+        format are joined into one tensor."""
+        k = weights[0].k
+        if any(w.k != k for w in weights):
+            raise ValueError(f"cannot stack weights with rows of {[w.k for w in weights]} weights")
+        groups: list[tuple[QuantFormat, list[torch.Tensor]]] = []
+        for w in weights:
+            for fmt, data in w.parts:
+                if groups and groups[-1][0] == fmt:
+                    groups[-1][1].append(data)
+                else:
+                    groups.append((fmt, [data]))
+        return QuantizedWeight([(f, d[0] if len(d) == 1 else torch.cat(d)) for f, d in groups], k)
+
+    # ---- what a model reads ----
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, self.k)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(d.numel() for _, d in self.parts)
+
+    @property
+    def formats(self) -> list[str]:
+        """The formats of the row groups, in row order."""
+        return [f.name for f, _ in self.parts]
+
+    def data_ptr(self) -> int:
+        """The address of the first group's blocks (what identifies the storage)."""
+        return self.parts[0][1].data_ptr()
+
+    def to(self, device: torch.device | str) -> "QuantizedWeight":
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"quantized weights run on the CPU only, not on {device}")
+        return self
+
+    def contiguous(self) -> "QuantizedWeight":
+        return self
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 values [N, K]."""
+        out = torch.empty((self.n, self.k), dtype=torch.float32)
+        row = 0
+        for fmt, data in self.parts:
+            rows = data.shape[0]
+            _core._dequantize_rows(fmt.type_id, data.data_ptr(), out[row:].data_ptr(), rows, self.k)
+            row += rows
+        return out
+
+    def embedding(self, ids: torch.Tensor) -> torch.Tensor:
+        """The fp32 rows `ids` (any shape of int ids): an embedding lookup. ValueError naming an id
+        out of range."""
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty((flat.numel(), self.k), dtype=torch.float32)
+        if len(self.parts) == 1:
+            fmt, data = self.parts[0]
+            _core._dequantize_gather(fmt.type_id, data.data_ptr(), data.shape[0], self.k, flat.data_ptr(),
+                                     flat.numel(), out.data_ptr())
+        else:
+            bad = flat[(flat < 0) | (flat >= self.n)]
+            if bad.numel():
+                raise ValueError(f"ids: {int(bad[0])} is out of range [0, {self.n})")
+            row = 0
+            for fmt, data in self.parts:
+                rows = data.shape[0]
+                sel = ((flat >= row) & (flat < row + rows)).nonzero().flatten()
+                if sel.numel():
+                    local = (flat[sel] - row).contiguous()
+                    part = torch.empty((sel.numel(), self.k), dtype=torch.float32)
+                    _core._dequantize_gather(fmt.type_id, data.data_ptr(), rows, self.k, local.data_ptr(),
+                                             local.numel(), part.data_ptr())
+                    out[sel] = part
+                row += rows
+        return out.reshape(*ids.shape, self.k)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x[M, K] @ W.T (+ bias)`` in fp32 (x is quantized to 8 bits per block on the fly)."""
+        if x.dim() != 2 or x.shape[1] != self.k:
+            raise ValueError(f"x: expected shape [M, {self.k}], got {tuple(x.shape)}")
+        if x.dtype != torch.float32:
+            x = x.float()
+        _check_float(x, "x")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        m = x.shape[0]
+        if out is None:
+            out = torch.empty((m, self.n), dtype=torch.float32)
+        else:
+            _check_float(out, "out")
+            if tuple(out.shape) != (m, self.n) or out.stride(1) != 1:
+                raise ValueError(f"out: expected a row-major [{m}, {self.n}] tensor, got {tuple(out.shape)}")
+        if m == 0:
+            return out
+        if bias is not None:
+            bias = bias.float().contiguous()
+            if tuple(bias.shape) != (self.n,):
+                raise ValueError(f"bias: expected shape ({self.n},), got {tuple(bias.shape)}")
+        threads = torch.get_num_threads()
+        row = 0
+        for fmt, data in self.parts:
+            rows = data.shape[0]
+            b = 0 if bias is None else bias[row:].data_ptr()
+            _core._linear_quant(out[:, row:].data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), m,
+                                data.data_ptr(), fmt.type_id, rows, self.k, b, threads)
+            row += rows
+        return out
+
+    def __repr__(self) -> str:
+        return f"QuantizedWeight(shape={self.shape}, formats={self.formats}, bytes={self.nbytes})"
