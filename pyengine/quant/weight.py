@@ -136,9 +136,10 @@ class QuantizedWeight:
             _core._dequantize_gather(fmt.type_id, data.data_ptr(), data.shape[0], self.k, flat.data_ptr(),
                                      flat.numel(), out.data_ptr())
         else:
-            bad = flat[(flat < 0) | (flat >= self.n)]
+            bad = ((flat < 0) | (flat >= self.n)).nonzero().flatten()
             if bad.numel():
-                raise ValueError(f"ids: {int(bad[0])} is out of range [0, {self.n})")
+                i = int(bad[0])
+                raise ValueError(f"ids[{i}]: {int(flat[i])} is out of range [0, {self.n})")
             row = 0
             for fmt, data in self.parts:
                 rows = data.shape[0]

@@ -1,0 +1,192 @@
+"""Tests of the quantized-weight kernels (csrc/include/pyengine/cpu_quant.h through
+pyengine.quant.QuantizedWeight): block layouts and quantizers against the `gguf` package (the
+reference implementation of llama.cpp's formats in Python), and the linear layer against an fp64
+reference, at every instruction-set level this CPU has."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants as gguf_quants
+
+import pyengine.core._core as _core
+from pyengine.quant import QUANT_FORMATS, QuantizedWeight, quant_format
+
+U = 2.0 ** -24  # fp32 unit roundoff
+FORMATS = list(QUANT_FORMATS)  # q8_0, q4_0, q4_k, q6_k
+GGUF_TYPE = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
+             "q4_k": GGMLQuantizationType.Q4_K, "q6_k": GGMLQuantizationType.Q6_K}
+
+
+def weights(n: int, k: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g)
+    w[0, :32] *= 20  # an outlier block
+    if n > 1:
+        w[1, 32:64] = 0  # an all-zero block
+    return w
+
+
+def quantize_activations(x: torch.Tensor, block: int) -> np.ndarray:
+    """The 8-bit activation blocks the kernel multiplies with, in fp64: per `block` values
+    d = max|x| / 127, q = round-half-even(x * (1 / d)), each step rounded in fp32 as the kernel
+    does (csrc/kernels/cpu/quant_blocks.h)."""
+    v = x.numpy().astype(np.float32).reshape(x.shape[0], -1, block)
+    d = (np.abs(v).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    safe = np.where(d != 0, d, np.float32(1))
+    inv = np.where(d != 0, np.float32(1) / safe, np.float32(0)).astype(np.float32)
+    q = np.rint((v * inv).astype(np.float32))
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape[0], -1)
+
+
+def q4_k_offsets(data: np.ndarray, k: int) -> np.ndarray:
+    """|dmin * m| per weight of Q4_K rows (the sub-block offsets the kernel subtracts apart from
+    the scaled levels), fp64 [N, K]."""
+    blocks = data.reshape(data.shape[0], k // 256, 144)
+    dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    s = blocks[..., 4:16].astype(np.int64)
+    mins = np.empty(blocks.shape[:2] + (8,), dtype=np.float64)
+    for j in range(8):
+        mins[..., j] = (s[..., j + 4] & 63) if j < 4 else ((s[..., j + 4] >> 4) | ((s[..., j] >> 6) << 4))
+    return np.repeat(np.abs(dmin[..., None] * mins), 32, axis=-1).reshape(data.shape[0], k)
+
+
+# ---- formats ----
+
+def test_formats_are_llama_cpps():
+    assert {f.name: (f.type_id, f.block_elems, f.block_bytes) for f in QUANT_FORMATS.values()} == {
+        "q8_0": (8, 32, 34), "q4_0": (2, 32, 18), "q4_k": (12, 256, 144), "q6_k": (14, 256, 210)}
+    for name, t in GGUF_TYPE.items():
+        assert gguf_quants.GGML_QUANT_SIZES[t] == (QUANT_FORMATS[name].block_elems, QUANT_FORMATS[name].block_bytes)
+    assert quant_format("Q4_K") is QUANT_FORMATS["q4_k"] and quant_format(14) is QUANT_FORMATS["q6_k"]
+    with pytest.raises(ValueError, match=r"unsupported quantization format 'q5_0'; supported: q8_0, q4_0, q4_k, q6_k"):
+        quant_format("q5_0")
+    with pytest.raises(ValueError, match=r"q4_k rows must hold a positive multiple of 256 weights, got 576"):
+        QUANT_FORMATS["q4_k"].row_bytes(576)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_matches_gguf(fmt):
+    w = weights(9, 512, seed=1)
+    q = QuantizedWeight.quantize(w, fmt)
+    data = q.parts[0][1].numpy()
+    ref = gguf_quants.dequantize(data, GGUF_TYPE[fmt])
+    assert np.array_equal(q.dequantize().numpy(), ref)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_quantize_matches_gguf_bit_for_bit(fmt):
+    """gguf-py's Q8_0 / Q4_0 quantizers are llama.cpp's reference ones in numpy."""
+    w = weights(7, 1024, seed=2)
+    w[2, 64:96] = torch.arange(32) / 4.0 - 4.0  # exact ties of the rounding
+    q = QuantizedWeight.quantize(w, fmt)
+    assert np.array_equal(q.parts[0][1].numpy(), gguf_quants.quantize(w.numpy(), GGUF_TYPE[fmt]))
+
+
+@pytest.mark.parametrize("fmt,max_rel_rmse", [("q8_0", 0.007), ("q4_0", 0.1), ("q4_k", 0.09), ("q6_k", 0.022)])
+def test_quantization_error_is_that_of_the_format(fmt, max_rel_rmse):
+    """Round-to-nearest error per format on Gaussian weights: about step / sqrt(12) with step =
+    E[max|w| of a block] / (levels / 2), i.e. 0.0047 sigma for Q8_0 (32 weights, 255 levels),
+    0.075 for Q4_0 (16 levels), 0.016 for Q6_K (16 weights, 64 levels); Q4_K's searched
+    asymmetric grids land below Q4_0's. An all-zero block stays zero."""
+    w = weights(16, 1024, seed=3)
+    dq = QuantizedWeight.quantize(w, fmt).dequantize()
+    normal = torch.ones_like(w, dtype=torch.bool)
+    normal[0, :32] = False
+    rel = ((dq - w)[normal].pow(2).mean().sqrt() / w[normal].pow(2).mean().sqrt()).item()
+    assert rel < max_rel_rmse
+    assert bool((dq[1, 32:64] == 0).all())
+    assert (dq[0, :32] - w[0, :32]).abs().max() <= 0.6 * w[0, :32].abs().max() / 7  # the outlier block: within its grid
+
+
+# ---- the linear layer ----
+
+def check_linear(q: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    y = q.linear(x, bias)
+    fmt = q.parts[0][0]
+    block = 32 if fmt.block_elems == 32 else 256
+    qx = quantize_activations(x, block)
+    wd = q.dequantize().double().numpy()
+    b = np.zeros(q.n) if bias is None else bias.double().numpy()
+    exact = qx @ wd.T + b
+    # integer block sums are exact; per block two products and a conversion round, then one
+    # addition per block (and Q4_K's offset term, bounded by its own magnitudes)
+    terms = np.abs(qx) @ np.abs(wd).T + np.abs(b)
+    if fmt.name == "q4_k":
+        terms += np.abs(qx) @ q4_k_offsets(q.parts[0][1].numpy(), q.k).T
+    nb = q.k // block
+    gamma = (nb + 6) * U / (1 - (nb + 6) * U)
+    err = np.abs(y.double().numpy() - exact)
+    assert (err <= gamma * terms).all(), f"max excess {(err - gamma * terms).max()}"
+    return y
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_linear_matches_fp64_reference_at_every_row_count(fmt, cpu_isa):
+    n, k = 37, 768  # 37: not a multiple of any tile
+    q = QuantizedWeight.quantize(weights(n, k, seed=4), fmt)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(64, k, generator=g)
+    x[3, 100] = 50.0  # an activation outlier
+    full = check_linear(q, x)
+    for m in (1, 2, 3, 4, 5, 7, 8, 13):
+        part = check_linear(q, x[:m].clone())
+        # batch invariance: a row's output does not depend on the other rows of the batch
+        assert torch.equal(part, full[:m]), f"M={m}"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_linear_small_outputs_and_bias(fmt, n, cpu_isa):
+    k = 512
+    q = QuantizedWeight.quantize(weights(n, k, seed=6), fmt)
+    g = torch.Generator().manual_seed(7)
+    check_linear(q, torch.randn(3, k, generator=g), torch.randn(n, generator=g))
+    check_linear(q, torch.randn(1, k, generator=g), torch.randn(n, generator=g))
+
+
+def test_linear_mixed_formats_write_their_column_ranges(cpu_isa):
+    """Row groups of different formats (as a GGUF file's q, k in Q4_K and v in Q6_K) each fill
+    their own columns of one output."""
+    k = 512
+    parts = [QuantizedWeight.quantize(weights(12, k, seed=8), "q4_k"),
+             QuantizedWeight.quantize(weights(5, k, seed=9), "q6_k"),
+             QuantizedWeight.quantize(weights(3, k, seed=10), "q8_0")]
+    fused = QuantizedWeight.cat(parts)
+    assert fused.formats == ["q4_k", "q6_k", "q8_0"] and fused.shape == (20, k)
+    x = torch.randn(4, k, generator=torch.Generator().manual_seed(11))
+    y = fused.linear(x)
+    assert torch.equal(y, torch.cat([p.linear(x) for p in parts], dim=1))
+    assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
+    ids = torch.tensor([[19, 0], [12, 16]])
+    assert torch.equal(fused.embedding(ids), fused.dequantize()[ids])
+
+
+def test_quantized_linear_rejects_bad_input():
+    q = QuantizedWeight.quantize(weights(8, 256, seed=12), "q4_0")
+    with pytest.raises(ValueError, match=r"x: expected shape \[M, 256\], got \(2, 128\)"):
+        q.linear(torch.zeros(2, 128))
+    with pytest.raises(ValueError, match=r"bias: expected shape \(8,\), got \(7,\)"):
+        q.linear(torch.zeros(2, 256), torch.zeros(7))
+    with pytest.raises(ValueError, match=r"K: q4_k rows must hold a positive multiple of 256 weights, got 96"):
+        _core._quant_row_bytes(12, 96)
+    with pytest.raises(ValueError, match=r"unknown quantization type id 7 \(known: 2 = q4_0, 8 = q8_0, 12 = q4_k, 14 = q6_k\)"):
+        _core._quant_format(7)
+    out = torch.full((2, 256), 7.0)
+    ids = torch.tensor([0, 8])
+    with pytest.raises(ValueError, match=r"ids\[1\]: 8 is out of range \[0, 8\)"):
+        _core._dequantize_gather(2, q.parts[0][1].data_ptr(), 8, 256, ids.data_ptr(), 2, out.data_ptr())
+    assert bool((out == 7.0).all())  # nothing written
+    with pytest.raises(ValueError, match=r"ids\[1\]: -1 is out of range \[0, 8\)"):
+        q.embedding(torch.tensor([3, -1]))
+    with pytest.raises(ValueError, match=r"ids\[0\]: 16 is out of range \[0, 16\)"):
+        QuantizedWeight.cat([q, q]).embedding(torch.tensor([16]))
+
+
+def test_from_blocks_checks_the_byte_count():
+    data = torch.zeros(8 * 18 * 2, dtype=torch.uint8)
+    q = QuantizedWeight.from_blocks("q4_0", data, (8, 64))
+    assert q.shape == (8, 64) and q.nbytes == 288
+    with pytest.raises(ValueError, match=r"q4_0 weights of shape \(8, 96\): expected 432 uint8 bytes, got 288"):
+        QuantizedWeight.from_blocks("q4_0", data, (8, 96))
