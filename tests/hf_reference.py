@@ -106,3 +106,59 @@ def fp32_first_divergence(model_dir: Path, prompt: list[int], tokens: list[int],
     with torch.inference_mode():
         logits = hf_model(str(model_dir), torch.float32, device)(ids).logits[0, -1].double()
     return i, float((logits.max() - logits[tokens[i]]) / logits.abs().max())
+
+
+# ---- quantized weights ----
+
+def _fake_quantize(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x through pyengine's 8-bit activation blocks (csrc/kernels/cpu/quant_blocks.h): per `block`
+    values d = max|x| / 127, q = round-half-even(x * (1 / d)), x ~= q * d, in fp32."""
+    v = x.reshape(-1, block)
+    d = v.abs().amax(-1, keepdim=True) / 127
+    inv = torch.where(d != 0, 1.0 / torch.where(d != 0, d, torch.ones_like(d)), torch.zeros_like(d))
+    return (torch.round(v * inv) * d).reshape(x.shape)
+
+
+def quantized_hf_model(model_dir: Path, formats: dict[str, str], quantize_activations: bool = True):
+    """transformers' model of `model_dir` in fp32 with each weight named in `formats` (tensor name
+    -> format, as pyengine's QuantPlan.report) replaced by its quantized-then-dequantized values,
+    and with `quantize_activations` each such linear layer's input passed through the 8-bit
+    activation blocks pyengine's kernels multiply with: the same math as pyengine's quantized
+    forward, in another order of fp32 additions."""
+    from pyengine.quant import QuantizedWeight, quant_format
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, fmt in formats.items():
+            if fmt.startswith("kept"):
+                continue
+            fmt = fmt.split(" ")[0]
+            p = params[name]
+            p.copy_(QuantizedWeight.quantize(p.detach(), fmt).dequantize())
+            module = model.get_submodule(name.rsplit(".", 1)[0])
+            if quantize_activations and isinstance(module, torch.nn.Linear):
+                block = 32 if quant_format(fmt).block_elems == 32 else 256
+                module.register_forward_pre_hook(lambda m, args, block=block: (_fake_quantize(args[0], block),))
+        if model.config.tie_word_embeddings and "lm_head.weight" not in formats:
+            # tied: the embedding table is the output projection too, and its input is quantized
+            fmt = formats.get("model.embed_tokens.weight", "kept")
+            if quantize_activations and not fmt.startswith("kept"):
+                block = 32 if quant_format(fmt.split(" ")[0]).block_elems == 32 else 256
+                model.lm_head.register_forward_pre_hook(lambda m, args, block=block: (_fake_quantize(args[0], block),))
+    return model
+
+
+def quantized_teacher_forced_gaps(reference, float_activations, prompt: list[int],
+                                  generated: list[int]) -> tuple[list[float], list[float]]:
+    """Per generated position, teacher-forced: gaps[i] = `reference`'s top logit minus its logit of
+    generated[i], relative to its largest |logit| (0 where generated[i] is its argmax);
+    noise[i] = how far quantizing the activations moves that position's logits, max_j
+    |reference logit_j - float_activations logit_j|, relative to the same scale."""
+    ids = torch.tensor([prompt + generated])
+    with torch.inference_mode():
+        ref = reference(ids).logits[0, len(prompt) - 1: -1].double()
+        flt = float_activations(ids).logits[0, len(prompt) - 1: -1].double()
+    scale = ref.abs().amax(dim=-1)
+    chosen = ref.gather(-1, torch.tensor(generated)[:, None])[:, 0]
+    return ((ref.amax(dim=-1) - chosen) / scale).tolist(), ((ref - flt).abs().amax(dim=-1) / scale).tolist()

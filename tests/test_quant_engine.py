@@ -1,0 +1,129 @@
+"""Quantize-on-load end to end: Engine(hf_dir, quantization=...) against transformers running
+the same quantized weights and the same 8-bit activation blocks, the per-tensor format plan,
+and bad input."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hf_reference import MAX_FLIP_FRACTION, quantized_hf_model, quantized_teacher_forced_gaps
+from pyengine import Engine, SamplingParams, StartupError
+from pyengine.quant import QuantizedWeight
+
+# hidden and intermediate sizes multiples of 256: every format applies to every linear layer
+SHAPE = dict(hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2, num_layers=2)
+
+
+@pytest.fixture(scope="module")
+def llama_q_dir(checkpoint_factory):
+    return checkpoint_factory("llama_q", model_type="llama", **SHAPE)
+
+
+@pytest.fixture(scope="module")
+def qwen3_tied_dir(checkpoint_factory):
+    return checkpoint_factory("qwen3_tied", model_type="qwen3", tie_word_embeddings=True, head_dim=64, **SHAPE)
+
+
+def prompts(n: int, vocab: int = 512) -> list[list[int]]:
+    rng = random.Random(0)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randrange(4, 48))] for _ in range(n)]
+
+
+def check_greedy_against_reference(engine: Engine, model_dir) -> None:
+    """Greedy outputs, teacher-forced through transformers with the same quantized weights and
+    activation blocks: the two differ only in the order of fp32 additions, which can move an
+    activation across a rounding boundary of its 8-bit grid. A token may therefore differ from the
+    reference's argmax only where the gap is within what the activation quantization as a whole
+    moves the logits at that position (bugs move them by far more), and rarely."""
+    report = engine._parts.quant_plan.report
+    reference = quantized_hf_model(model_dir, report)
+    float_acts = quantized_hf_model(model_dir, report, quantize_activations=False)
+    ps = prompts(8)
+    results = engine.generate(ps, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    beyond, flips, positions = [], 0, 0
+    for p, r in zip(ps, results):
+        assert len(r.token_ids) == 24
+        gaps, noise = quantized_teacher_forced_gaps(reference, float_acts, p, r.token_ids)
+        beyond += [(len(p), i, g, n) for i, (g, n) in enumerate(zip(gaps, noise)) if g > n]
+        flips += sum(g > 0 for g in gaps)
+        positions += len(gaps)
+    assert not beyond, f"tokens beyond the activation-quantization noise (prompt len, pos, gap, noise): {beyond}"
+    assert flips <= MAX_FLIP_FRACTION * positions, f"{flips} of {positions} tokens are not the reference argmax"
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])
+def test_quantized_greedy_matches_transformers_with_the_same_quantization(fmt, llama_q_dir, cpu_isa):
+    engine = Engine(llama_q_dir, quantization=fmt)
+    check_greedy_against_reference(engine, llama_q_dir)
+
+
+def test_quantized_tied_qwen3(qwen3_tied_dir):
+    engine = Engine(qwen3_tied_dir, quantization="q4_k")
+    model = engine._runner.model
+    assert model.lm_head is model.embed and model.embed.formats == ["q6_k"]
+    check_greedy_against_reference(engine, qwen3_tied_dir)
+
+
+def test_plan_follows_llama_cpp_rules(checkpoint_factory, llama_q_dir):
+    engine = Engine(llama_q_dir, quantization="q4_0")
+    report = engine._parts.quant_plan.report
+    assert report["lm_head.weight"] == "q6_k"  # the output projection: Q6_K
+    assert report["model.embed_tokens.weight"] == "q4_0"  # a separate input table: the format asked for
+    assert all(report[f"model.layers.{i}.{n}"] == "q4_0" for i in range(2)
+               for n in ("self_attn.q_proj.weight", "mlp.down_proj.weight"))
+    assert "model.norm.weight" not in report  # norms stay float
+    layer = engine._runner.model.layers[0]
+    assert isinstance(layer["qkv"], QuantizedWeight) and layer["qkv"].formats == ["q4_0"]
+    assert layer["qkv"].shape == (256 + 2 * 128, 256)
+    assert isinstance(layer["input_norm"], torch.Tensor) and layer["input_norm"].dtype == torch.float32
+    engine.shutdown()
+
+    # rows of 96 weights fit no K-quant: llama.cpp's fallback stands in (Q8_0 here); the MLP's
+    # down projection (rows of 512) keeps Q4_K, the output projection Q8_0
+    odd = checkpoint_factory("llama_q96", model_type="llama", hidden_size=96, intermediate_size=512,
+                             num_heads=4, num_kv_heads=2, num_layers=2)
+    engine = Engine(odd, quantization="q4_k")
+    report = engine._parts.quant_plan.report
+    assert report["model.layers.0.self_attn.q_proj.weight"] == "q8_0 (rows of 96 weights)"
+    assert report["model.layers.0.mlp.down_proj.weight"] == "q4_k"
+    assert report["lm_head.weight"] == "q8_0"
+    assert report["model.embed_tokens.weight"] == "q8_0"
+    assert engine._parts.quant_plan.summary() == {"q8_0": 14, "q4_k": 2}
+    engine.shutdown()
+
+
+def test_quantize_lm_head_false_keeps_embeddings_float(llama_q_dir):
+    engine = Engine(llama_q_dir, quantization="q8_0", quantize_lm_head=False)
+    model = engine._runner.model
+    assert isinstance(model.embed, torch.Tensor) and isinstance(model.lm_head, torch.Tensor)
+    assert isinstance(model.layers[1]["down"], QuantizedWeight)
+    out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
+    assert len(out[0].token_ids) == 4
+
+
+def test_no_float_copy_of_quantized_weights(llama_q_dir):
+    """The model holds the blocks only: its weight bytes are those of the formats."""
+    engine = Engine(llama_q_dir, quantization="q4_k")
+    model = engine._runner.model
+    per_layer = {"qkv": (512, 256), "o": (256, 256), "gate_up": (1024, 256), "down": (256, 512)}
+    for layer in model.layers:
+        for name, (n, k) in per_layer.items():
+            assert isinstance(layer[name], QuantizedWeight)
+            assert layer[name].nbytes == n * k // 256 * 144
+    assert model.lm_head.nbytes == 512 * 256 // 256 * 210
+
+
+@pytest.mark.parametrize("kwargs,phase,message", [
+    (dict(quantization="q5_0"), "config", "unsupported quantization format 'q5_0'; supported: q8_0, q4_0, q4_k, q6_k"),
+    (dict(quantization="q4_0", dtype="bfloat16"), "config",
+     "quantization='q4_0' computes with float32 activations: dtype must be 'float32', got torch.bfloat16"),
+    (dict(quantization="q4_0", quantize_lm_head="yes"), "config", "quantize_lm_head must be a bool, got 'yes'"),
+])
+def test_bad_quantization_arguments(llama_q_dir, kwargs, phase, message):
+    with pytest.raises(StartupError) as e:
+        Engine(llama_q_dir, **kwargs)
+    assert e.value.phase == phase
+    assert message in str(e.value)
