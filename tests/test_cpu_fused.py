@@ -128,13 +128,14 @@ SHORT_PROMPTS = [[7, 8, 9], [5, 9, 44, 71, 100, 3, 8], [300, 12], [42] * 5]
 
 
 def decode_logits(model_dir, cpp: bool, monkeypatch, prompts=PROMPTS, max_num_tokens: int = 256,
-                  dtype: str = "bfloat16") -> tuple[list[list[int]], list[torch.Tensor]]:
+                  dtype: str = "bfloat16", **engine_args) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy outputs and the logits of every forward of at most 15 rows, with the C++
     all-layers path or the Python forward (fused elementwise kernels, pyengine's linears)."""
     monkeypatch.setenv("PYENGINE_BF16_MATMUL", "fp32")  # as on a CPU without bf16 instructions
     engine = Engine(model_dir, dtype=dtype, max_seq_len=256, seed=0,
                     kv_cache_config=KvCacheConfig(max_tokens=2048, tokens_per_block=min(16, max_num_tokens)),
-                    scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=max_num_tokens))
+                    scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=max_num_tokens),
+                    **engine_args)
     runner = engine._runner
     assert (runner.cpu_decode is not None) and (runner.model.emulate_bf16 or runner.model.fast_fp32)
     if not cpp:
@@ -165,6 +166,23 @@ def test_cpp_decode_layers_equal_the_python_forward_bit_for_bit(checkpoint_facto
     assert len(logits_cpp) == len(logits_py) > 10
     for a, b in zip(logits_cpp, logits_py):
         assert torch.equal(a, b)  # the same kernels in the same order
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("variant", [dict(model_type="llama", num_heads=4, num_kv_heads=2),
+                                     dict(model_type="qwen2", num_heads=4, num_kv_heads=1, tie_word_embeddings=True)])
+def test_cpp_decode_layers_with_quantized_weights_equal_the_python_forward(checkpoint_factory, monkeypatch, variant,
+                                                                          fmt, cpu_isa):
+    """Quantized linears (QuantLinearDesc records) in the one-call path, prompts in chunks of
+    up to 8 rows next to decode rows: the same kernels in the same order as the Python forward."""
+    model_dir = checkpoint_factory(f"fused_{variant['model_type']}", **variant)
+    args = dict(dtype="float32", quantization=fmt, max_num_tokens=8, prompts=SHORT_PROMPTS)
+    tokens_py, logits_py = decode_logits(model_dir, False, monkeypatch, **args)
+    tokens_cpp, logits_cpp = decode_logits(model_dir, True, monkeypatch, **args)
+    assert tokens_cpp == tokens_py
+    assert len(logits_cpp) == len(logits_py) > 10
+    for a, b in zip(logits_cpp, logits_py):
+        assert torch.equal(a, b)
 
 
 def test_cpp_layers_take_short_prefills_mixed_with_decode_rows(checkpoint_factory, monkeypatch):

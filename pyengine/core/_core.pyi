@@ -92,7 +92,8 @@ class CoreDecodeShape:
 
     def __init__(self, *, num_layers: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  intermediate: int, rms_norm_eps: float, scale: float, sliding_window: int, max_position: int,
-                 tokens_per_block: int, max_blocks_per_seq: int, cache_dtype: int, dtype: int) -> None: ...
+                 tokens_per_block: int, max_blocks_per_seq: int, cache_dtype: int, dtype: int,
+                 quantized: bool = False) -> None: ...
     def scratch_elements(self, num_tokens: int) -> int: ...
     def run(self, h: int, num_tokens: int, layer_ptrs: int, cos: int, sin: int, positions: int, slot_mapping: int,
             query_start_loc: int, seq_lens: int, block_tables: int, num_seqs: int, scratch: int,

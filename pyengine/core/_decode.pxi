@@ -5,12 +5,14 @@ from libc.stdint cimport int32_t, int64_t, uintptr_t
 
 cdef extern from "pyengine/cpu_decode.h" namespace "pyengine::kernels" nogil:
     const int32_t kDecodeLayerPointers
+    const int32_t kMaxQuantLinearParts
     cdef struct DecodeShape:
         int32_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate
         float rms_norm_eps, scale
         int32_t sliding_window, max_position, tokens_per_block, max_blocks_per_seq
         DType cache_dtype
         DType dtype
+        bint quantized
     int64_t decode_scratch_elements(const DecodeShape& shape, int32_t num_tokens)
     void decode_layers(void* h, int32_t num_tokens, const uintptr_t* layer_ptrs,
                        const DecodeShape& shape, const void* cos, const void* sin,
@@ -21,6 +23,7 @@ cdef extern from "pyengine/cpu_decode.h" namespace "pyengine::kernels" nogil:
 
 
 DECODE_LAYER_POINTERS = kDecodeLayerPointers
+MAX_QUANT_LINEAR_PARTS = kMaxQuantLinearParts
 
 
 cdef class CoreDecodeShape:
@@ -30,7 +33,7 @@ cdef class CoreDecodeShape:
     def __init__(self, *, int32_t num_layers, int32_t hidden, int32_t num_heads, int32_t num_kv_heads,
                  int32_t head_dim, int32_t intermediate, float rms_norm_eps, float scale,
                  int32_t sliding_window, int32_t max_position, int32_t tokens_per_block,
-                 int32_t max_blocks_per_seq, int cache_dtype, int dtype):
+                 int32_t max_blocks_per_seq, int cache_dtype, int dtype, bint quantized=False):
         self.s.num_layers = num_layers
         self.s.hidden = hidden
         self.s.num_heads = num_heads
@@ -45,6 +48,7 @@ cdef class CoreDecodeShape:
         self.s.max_blocks_per_seq = max_blocks_per_seq
         self.s.cache_dtype = <DType>cache_dtype
         self.s.dtype = <DType>dtype
+        self.s.quantized = quantized
 
     def scratch_elements(self, int32_t num_tokens) -> int:
         return decode_scratch_elements(self.s, num_tokens)

@@ -14,9 +14,12 @@ import torch
 import pyengine.core._core as _core
 from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS, FAST_FP32_MAX_ROWS
 from pyengine.layers._kernel_checks import dtype_code
+from pyengine.quant import QuantizedWeight
 
 __all__ = ["CpuDecodeLayers"]
 
+_QUANT_LINEARS = ("qkv", "o", "gate_up", "down")
+_QUANT_DESC_WORDS = 1 + 3 * _core.MAX_QUANT_LINEAR_PARTS
 _ORDER = ("input_norm", "post_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "gate_up", "down")
 
 
@@ -27,9 +30,15 @@ class CpuDecodeLayers:
         c = model.config
         k0 = kv_caches[0][0]
         rows = []
-        for layer, (k_cache, v_cache) in zip(model.layers, kv_caches):
-            rows.append([0 if layer[name] is None else layer[name].data_ptr() for name in _ORDER]
-                        + [k_cache.data_ptr(), v_cache.data_ptr()])
+        self.quantized = model.quantized
+        if self.quantized:  # the linears' QuantLinearDesc records, addressed by the layer pointers
+            self.quant_descs = torch.zeros((c.num_layers, len(_QUANT_LINEARS), _QUANT_DESC_WORDS), dtype=torch.int64)
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(model.layers, kv_caches)):
+            ptrs = [0 if layer[name] is None else layer[name].data_ptr() for name in _ORDER]
+            if self.quantized:
+                for j, name in enumerate(_QUANT_LINEARS):
+                    ptrs[_ORDER.index(name)] = self._describe(layer[name], self.quant_descs[i, j])
+            rows.append(ptrs + [k_cache.data_ptr(), v_cache.data_ptr()])
         assert len(rows[0]) == _core.DECODE_LAYER_POINTERS
         self.layer_ptrs = torch.tensor(rows, dtype=torch.int64)
         # The addresses above stay valid while the runner that owns this binding lives (it holds
@@ -39,11 +48,29 @@ class CpuDecodeLayers:
             head_dim=c.head_dim, intermediate=c.intermediate_size, rms_norm_eps=c.rms_norm_eps,
             scale=model.scale, sliding_window=model.sliding_window, max_position=model.cos.shape[0],
             tokens_per_block=k0.shape[2], max_blocks_per_seq=max_blocks_per_seq,
-            cache_dtype=dtype_code(k0, "k_cache"), dtype=dtype_code(model.embed, "weights"))
-        # the row counts at which the model's linears are pyengine's kernels (see layers.linear.dense)
-        self.max_rows = EMULATED_BF16_MIN_ROWS - 1 if model.dtype == torch.bfloat16 else FAST_FP32_MAX_ROWS
+            cache_dtype=dtype_code(k0, "k_cache"), dtype=dtype_code(model.norm, "weights"),
+            quantized=self.quantized)
+        # the row counts at which the model's linears are pyengine's kernels (see layers.linear.dense;
+        # quantized weights: at any count, up to what one call takes)
+        if self.quantized:
+            self.max_rows = _core.LINEAR_MAX_ROWS
+        else:
+            self.max_rows = EMULATED_BF16_MIN_ROWS - 1 if model.dtype == torch.bfloat16 else FAST_FP32_MAX_ROWS
         self.scratch = torch.empty(self.shape.scratch_elements(self.max_rows), dtype=model.dtype)
         self.cos, self.sin = model.cos, model.sin
+
+    @staticmethod
+    def _describe(w: QuantizedWeight, desc: torch.Tensor) -> int:
+        """Fills `desc` (int64 words) as a QuantLinearDesc of `w`; returns its address."""
+        if not isinstance(w, QuantizedWeight):
+            raise ValueError("the one-call decode path takes a quantized model's linear layers all quantized")
+        if len(w.parts) > _core.MAX_QUANT_LINEAR_PARTS:
+            raise ValueError(f"a linear layer of {len(w.parts)} row groups of different formats "
+                             f"(at most {_core.MAX_QUANT_LINEAR_PARTS})")
+        desc[0] = len(w.parts)
+        for i, (fmt, data) in enumerate(w.parts):
+            desc[1 + 3 * i: 4 + 3 * i] = torch.tensor([fmt.type_id, data.shape[0], data.data_ptr()])
+        return desc.data_ptr()
 
     def run(self, h: torch.Tensor, positions: torch.Tensor, meta) -> None:
         """All layers on h [T, hidden] of the model's dtype (contiguous, updated in place)."""

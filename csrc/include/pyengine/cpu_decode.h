@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "pyengine/cpu_quant.h"
 #include "pyengine/kernels.h"
 
 namespace pyengine::kernels {
@@ -25,6 +26,23 @@ struct DecodeShape {
   int32_t sliding_window, max_position, tokens_per_block, max_blocks_per_seq;
   DType cache_dtype;
   DType dtype;  // of the activations and weights: kBFloat16 or kFloat32
+  // The linear layers' weights (kQkv, kO, kGateUp, kDown) are quantized (pyengine/cpu_quant.h):
+  // their pointers address QuantLinearDesc records; dtype must be kFloat32.
+  bool quantized;
+};
+
+// A quantized linear layer as decode_layers reads it: consecutive groups of weight rows, each of
+// one format (a GGUF file may store q and k in one format and v in another). Fields are 64-bit
+// so that the records can be built in an int64 tensor.
+constexpr int32_t kMaxQuantLinearParts = 4;
+struct QuantLinearPart {
+  int64_t type;  // QuantType
+  int64_t rows;
+  const void* data;
+};
+struct QuantLinearDesc {
+  int64_t num_parts;
+  QuantLinearPart parts[kMaxQuantLinearParts];
 };
 
 // Scratch elements (of shape.dtype) decode_layers needs for `num_tokens` rows.

@@ -8,6 +8,7 @@
 #include "pyengine/cpu_decode.h"
 #include "pyengine/cpu_elementwise.h"
 #include "pyengine/cpu_linear.h"
+#include "pyengine/cpu_quant.h"
 
 namespace pyengine::kernels {
 
@@ -23,10 +24,33 @@ Widths widths(const DecodeShape& s) {
   return {q, kv, q + 2 * kv, q};
 }
 
-// The linear kernel of the model's dtype, on raw addresses.
-void linear(DType dtype, void* y, const void* x, uintptr_t w, uintptr_t bias, int32_t M, int64_t N,
+// A quantized linear layer: each row group fills its columns of y.
+void linear_quantized(float* y, const float* x, const QuantLinearDesc& w, const float* bias, int32_t M,
+                      int64_t N, int32_t K, int32_t num_threads) {
+  int64_t rows = 0;
+  for (int64_t i = 0; i < w.num_parts && i < kMaxQuantLinearParts; ++i) rows += w.parts[i].rows;
+  if (w.num_parts < 1 || w.num_parts > kMaxQuantLinearParts || rows != N)
+    throw std::invalid_argument("layer_ptrs: a quantized linear layer of " + std::to_string(N) + " rows has " +
+                                std::to_string(w.num_parts) + " row groups of " + std::to_string(rows) +
+                                " rows in all");
+  int64_t row = 0;
+  for (int64_t i = 0; i < w.num_parts; ++i) {
+    const QuantLinearPart& p = w.parts[i];
+    linear_quant(y + row, N, x, K, M, p.data, static_cast<QuantType>(p.type), static_cast<int32_t>(p.rows), K,
+                 bias == nullptr ? nullptr : bias + row, num_threads);
+    row += p.rows;
+  }
+}
+
+// The linear kernel of the model's dtype (or quantized weights), on raw addresses.
+void linear(const DecodeShape& s, void* y, const void* x, uintptr_t w, uintptr_t bias, int32_t M, int64_t N,
             int32_t K, int32_t num_threads) {
-  if (dtype == DType::kBFloat16)
+  const DType dtype = s.dtype;
+  if (s.quantized)
+    linear_quantized(static_cast<float*>(y), static_cast<const float*>(x),
+                     *reinterpret_cast<const QuantLinearDesc*>(w), reinterpret_cast<const float*>(bias), M, N,
+                     K, num_threads);
+  else if (dtype == DType::kBFloat16)
     linear_bf16(static_cast<uint16_t*>(y), static_cast<const uint16_t*>(x),
                 reinterpret_cast<const uint16_t*>(w), reinterpret_cast<const uint16_t*>(bias), M,
                 static_cast<int32_t>(N), K, num_threads);
@@ -52,6 +76,8 @@ void decode_layers(void* h, int32_t T, const uintptr_t* layer_ptrs, const Decode
   if (s.dtype != DType::kBFloat16 && s.dtype != DType::kFloat32)
     throw std::invalid_argument("shape.dtype: decode_layers takes bfloat16 or float32, got DType " +
                                 std::to_string(static_cast<int32_t>(s.dtype)));
+  if (s.quantized && s.dtype != DType::kFloat32)
+    throw std::invalid_argument("shape.dtype: quantized weights compute with float32 activations");
   if (T < 1 || T > kLinearMaxRows)
     throw std::invalid_argument("num_tokens: must be in [1, " + std::to_string(kLinearMaxRows) +
                                 "], got " + std::to_string(T));
@@ -83,7 +109,7 @@ void decode_layers(void* h, int32_t T, const uintptr_t* layer_ptrs, const Decode
     else  // h += delta (the layer before's MLP output); x = norm(h)
       rms_norm(x, s.hidden, delta, s.hidden, h, s.hidden, ptr(p[kInputNorm]), dt, T, s.hidden,
                s.rms_norm_eps, num_threads);
-    linear(dt, qkv, x, p[kQkv], p[kQkvBias], T, w.qkv, s.hidden, num_threads);
+    linear(s, qkv, x, p[kQkv], p[kQkvBias], T, w.qkv, s.hidden, num_threads);
     void* q = qkv;
     void* k = at(qkv, w.q);
     void* v = at(k, w.kv);
@@ -109,14 +135,14 @@ void decode_layers(void* h, int32_t T, const uintptr_t* layer_ptrs, const Decode
                     seq_lens, block_tables, num_seqs, s.max_blocks_per_seq, s.num_heads,
                     s.num_kv_heads, s.head_dim, s.tokens_per_block, s.scale, s.sliding_window,
                     num_threads);
-    linear(dt, delta, attn, p[kO], 0, T, s.hidden, static_cast<int32_t>(w.attn), num_threads);
+    linear(s, delta, attn, p[kO], 0, T, s.hidden, static_cast<int32_t>(w.attn), num_threads);
     // h += delta; x = norm(h)
     rms_norm(x, s.hidden, delta, s.hidden, h, s.hidden, ptr(p[kPostNorm]), dt, T, s.hidden,
              s.rms_norm_eps, num_threads);
-    linear(dt, gate_up, x, p[kGateUp], 0, T, 2 * static_cast<int64_t>(s.intermediate), s.hidden,
+    linear(s, gate_up, x, p[kGateUp], 0, T, 2 * static_cast<int64_t>(s.intermediate), s.hidden,
            num_threads);
     silu_mul(act, gate_up, dt, T, s.intermediate, num_threads);
-    linear(dt, delta, act, p[kDown], 0, T, s.hidden, s.intermediate, num_threads);
+    linear(s, delta, act, p[kDown], 0, T, s.hidden, s.intermediate, num_threads);
   }
   // the last layer's residual add, rounded as transformers' add in the model's dtype
   const int64_t n = static_cast<int64_t>(T) * s.hidden;
