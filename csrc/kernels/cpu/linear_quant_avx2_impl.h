@@ -16,6 +16,7 @@ namespace pyengine::kernels::cpu::PYENGINE_ISA_NS {
 namespace {
 
 constexpr int32_t kPrefetchBytes = 2048;
+constexpr int32_t kPrefetchM1Bytes = 4096;
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
@@ -50,35 +51,39 @@ inline __m256i dot_i8(__m256i abs_w, __m256i w, __m256i x) {
   return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
+// Dot products of MB rows of x with R weight rows: out[m * R + r]. Even and odd blocks sum into
+// separate accumulators (two independent FMA chains), added at the end: the same order for every
+// MB and R, so a row's result does not depend on the batch it is in.
 template <typename B, int MB, int R>
 void tile32(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
   const int32_t nb = a.K / kQK;
-  __m256 acc[MB][R];
-  for (int m = 0; m < MB; ++m)
-    for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
+  __m256 acc[2][MB][R];
+  for (int p = 0; p < 2; ++p)
+    for (int m = 0; m < MB; ++m)
+      for (int r = 0; r < R; ++r) acc[p][m][r] = _mm256_setzero_ps();
   const B* w[R];
   for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const B*>(a.w + (n + r) * a.wrow_bytes);
   const ActQ8_32* x[MB];
   for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_32*>(a.xq + (m0 + m) * a.xrow_bytes);
-  for (int32_t b = 0; b < nb; ++b) {
-    __m256i wv[R], aw[R];
-    float dw[R];
+  auto step = [&](int32_t b, int p) {
     for (int r = 0; r < R; ++r) {
-      if (MB == 1) prefetch_l2(reinterpret_cast<const char*>(w[r] + b) + kPrefetchBytes);
-      wv[r] = levels(w[r][b]);
-      aw[r] = _mm256_sign_epi8(wv[r], wv[r]);
-      dw[r] = half_to_float(w[r][b].d);
+      const __m256i wv = levels(w[r][b]);
+      const __m256i aw = _mm256_sign_epi8(wv, wv);
+      const float dw = half_to_float(w[r][b].d);
+      for (int m = 0; m < MB; ++m)
+        acc[p][m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8(aw, wv, load32(x[m][b].qs))),
+                                       _mm256_set1_ps(dw * x[m][b].d), acc[p][m][r]);
     }
-    for (int m = 0; m < MB; ++m) {
-      const __m256i xv = load32(x[m][b].qs);
-      const float dx = x[m][b].d;
-      for (int r = 0; r < R; ++r)
-        acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8(aw[r], wv[r], xv)),
-                                    _mm256_set1_ps(dw[r] * dx), acc[m][r]);
-    }
+  };
+  int32_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    if (MB == 1 && R == 1) prefetch_l2(reinterpret_cast<const char*>(w[0] + b) + kPrefetchM1Bytes);
+    step(b, 0);
+    step(b + 1, 1);
   }
+  if (b < nb) step(b, 0);
   for (int m = 0; m < MB; ++m)
-    for (int r = 0; r < R; ++r) out[m * R + r] = hsum_ps(acc[m][r]);
+    for (int r = 0; r < R; ++r) out[m * R + r] = hsum_ps(_mm256_add_ps(acc[0][m][r], acc[1][m][r]));
 }
 
 // ---- 256-weight super-blocks: Q4_K, Q6_K (one weight row, MB x rows) ----
@@ -173,8 +178,7 @@ void row_q6_k(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
 
 // ---- tile loops ----
 
-constexpr int kMB32 = 3, kR32 = 2;  // x rows x weight rows per tile, 32-weight formats, M >= 2
-constexpr int kR32M1 = 4;           // weight rows in flight at M == 1
+constexpr int kMB32 = 2, kR32 = 2;  // x rows x weight rows per tile, 32-weight formats, M >= 2
 constexpr int kMB256 = 4;           // x rows per weight row, 256-weight formats
 
 template <typename B, int R, int MB = kMB32>
@@ -187,12 +191,7 @@ void tile32_upto(int mb, const QuantLinearArgs& a, int32_t m0, int32_t n, float*
 
 template <typename B, int R>
 void run32(const QuantLinearArgs& a, int32_t n) {
-  float out[kMB32 * kR32M1];
-  if (a.M == 1) {
-    tile32<B, 1, R>(a, 0, n, out);
-    for (int r = 0; r < R; ++r) quant_linear_store(a, 0, n + r, out[r]);
-    return;
-  }
+  float out[kMB32 * kR32];
   for (int32_t m0 = 0; m0 < a.M; m0 += kMB32) {
     const int mb = std::min<int32_t>(kMB32, a.M - m0);
     tile32_upto<B, R>(mb, a, m0, n, out);
@@ -204,11 +203,15 @@ void run32(const QuantLinearArgs& a, int32_t n) {
 template <typename B>
 void rows32(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
   int32_t n = n0;
-  if (a.M == 1) {
-    for (; n + kR32M1 <= n1; n += kR32M1) run32<B, kR32M1>(a, n);
-  } else {
-    for (; n + kR32 <= n1; n += kR32) run32<B, kR32>(a, n);
+  if (a.M == 1) {  // one weight row at a time, in order: what the hardware prefetchers follow best
+    float out;
+    for (; n < n1; ++n) {
+      tile32<B, 1, 1>(a, 0, n, &out);
+      quant_linear_store(a, 0, n, out);
+    }
+    return;
   }
+  for (; n + kR32 <= n1; n += kR32) run32<B, kR32>(a, n);
   for (; n < n1; ++n) run32<B, 1>(a, n);
 }
 
