@@ -111,10 +111,10 @@ def check_linear(q: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None 
     b = np.zeros(q.n) if bias is None else bias.double().numpy()
     exact = qx @ wd.T + b
     # integer block sums are exact; per block two products and a conversion round, then one
-    # addition per block (and Q4_K's offset term, bounded by its own magnitudes)
+    # addition per block; Q4_K sums its scaled levels and its offsets apart
     terms = np.abs(qx) @ np.abs(wd).T + np.abs(b)
     if fmt.name == "q4_k":
-        terms += np.abs(qx) @ q4_k_offsets(q.parts[0][1].numpy(), q.k).T
+        terms += 2 * np.abs(qx) @ q4_k_offsets(q.parts[0][1].numpy(), q.k).T  # |d sc q| <= |w| + |off|
     nb = q.k // block
     gamma = (nb + 6) * U / (1 - (nb + 6) * U)
     err = np.abs(y.double().numpy() - exact)

@@ -1,0 +1,163 @@
+// The quantized-weight kernels through the C++ API (pyengine/cpu_quant.h), at every
+// instruction-set level this CPU has: quantize -> dequantize round trips, linear_quant against a
+// double-precision reference on activations that the 8-bit blocks represent exactly, batch
+// invariance, no read past the last weight row (a guard page), argument errors.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "isa_levels.h"
+#include "pyengine/cpu_quant.h"
+#include "test_harness.h"
+
+using namespace pyengine::kernels;
+
+namespace {
+
+const QuantType kTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_K, QuantType::kQ6_K};
+
+std::vector<float> gaussian(std::mt19937& rng, size_t n) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Activations whose every block of 256 (hence of 32) holds integers in [-127, 127] times a
+// power of two, with 127 in it: the kernel's 8-bit blocks represent them exactly.
+std::vector<float> exact_activations(std::mt19937& rng, int32_t M, int32_t K) {
+  std::uniform_int_distribution<int> q(-127, 127);
+  std::vector<float> x(static_cast<size_t>(M) * K);
+  for (int32_t m = 0; m < M; ++m)
+    for (int32_t k = 0; k < K; ++k) {
+      const float scale = std::ldexp(1.0f, (m + k / 256) % 5 - 9);
+      x[m * K + k] = static_cast<float>(k % 32 == 0 ? 127 : q(rng)) * scale;
+    }
+  return x;
+}
+
+struct Quantized {
+  std::vector<uint8_t> data;
+  std::vector<float> values;  // dequantized
+};
+
+Quantized quantize(QuantType t, const std::vector<float>& w, int32_t N, int32_t K) {
+  Quantized q;
+  q.data.resize(static_cast<size_t>(N * quant_row_bytes(t, K)));
+  quantize_rows(t, w.data(), q.data.data(), N, K, 2);
+  q.values.resize(w.size());
+  dequantize_rows(t, q.data.data(), q.values.data(), N, K);
+  return q;
+}
+
+void check_against_reference(QuantType t, int32_t M, int32_t N, int32_t K, std::mt19937& rng, const char* level) {
+  const Quantized w = quantize(t, gaussian(rng, static_cast<size_t>(N) * K), N, K);
+  const std::vector<float> x = exact_activations(rng, M, K);
+  std::vector<float> bias = gaussian(rng, N), y(static_cast<size_t>(M) * N);
+  linear_quant(y.data(), N, x.data(), K, M, w.data.data(), t, N, K, bias.data(), 2);
+  const int32_t block = quant_format(t).block_elems;
+  const double u = std::ldexp(1.0, -24), gamma = (K / block + 6) * u;
+  // Q4_K subtracts its sub-block offsets (dmin * m) apart from the scaled levels: the rounding
+  // errors scale with |w| + 2 |offset| there. The offsets: the values with every level zeroed.
+  std::vector<float> offsets(w.values.size(), 0.0f);
+  if (t == QuantType::kQ4_K) {
+    std::vector<uint8_t> zeroed = w.data;
+    for (size_t b = 0; b < zeroed.size(); b += 144) std::memset(&zeroed[b + 16], 0, 128);
+    dequantize_rows(t, zeroed.data(), offsets.data(), N, K);
+  }
+  for (int32_t m = 0; m < M; ++m)
+    for (int32_t n = 0; n < N; ++n) {
+      double exact = bias[n], terms = std::fabs(bias[n]);
+      for (int32_t k = 0; k < K; ++k) {
+        const size_t i = static_cast<size_t>(n) * K + k;
+        exact += static_cast<double>(x[m * K + k]) * w.values[i];
+        terms += std::fabs(static_cast<double>(x[m * K + k])) * (std::fabs(w.values[i]) + 2 * std::fabs(offsets[i]));
+      }
+      const double err = std::fabs(y[m * N + n] - exact);
+      if (!(err <= gamma * terms))
+        test::fail(__FILE__, __LINE__, std::string(level) + " " + quant_format(t).name + " M=" + std::to_string(M) +
+                                           " N=" + std::to_string(N) + ": error " + std::to_string(err) +
+                                           " > bound " + std::to_string(gamma * terms));
+    }
+  // batch invariance: the first row alone gives bit for bit what it gave in the batch
+  std::vector<float> y1(N);
+  linear_quant(y1.data(), N, x.data(), K, 1, w.data.data(), t, N, K, bias.data(), 2);
+  CHECK(std::memcmp(y1.data(), y.data(), sizeof(float) * N) == 0);
+}
+
+}  // namespace
+
+TEST(round_trip_error_is_within_the_format_grid) {
+  std::mt19937 rng(1);
+  const int32_t N = 4, K = 512;
+  const std::vector<float> w = gaussian(rng, N * K);
+  for (QuantType t : kTypes) {
+    const Quantized q = quantize(t, w, N, K);
+    double se = 0, ss = 0;
+    for (size_t i = 0; i < w.size(); ++i) se += (q.values[i] - w[i]) * (q.values[i] - w[i]), ss += w[i] * w[i];
+    const double rel = std::sqrt(se / ss);
+    const double bound = t == QuantType::kQ8_0 ? 0.007 : t == QuantType::kQ6_K ? 0.022 : 0.1;
+    CHECK(rel < bound);
+  }
+}
+
+TEST(linear_matches_double_reference_at_every_level) {
+  at_every_level([](const char* level) {
+    std::mt19937 rng(2);
+    for (QuantType t : kTypes)
+      for (int32_t M : {1, 2, 3, 5, 9})
+        for (int32_t N : {1, 3, 4, 7})
+          check_against_reference(t, M, N, 768, rng, level);
+  });
+}
+
+TEST(no_read_past_the_last_weight_row) {
+  // the weights end exactly at a PROT_NONE page: any read beyond them faults
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* mem = mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHECK(mem != MAP_FAILED);
+  CHECK_EQ(mprotect(static_cast<char*>(mem) + 3 * page, page, PROT_NONE), 0);
+  at_every_level([&](const char*) {
+    std::mt19937 rng(3);
+    for (QuantType t : kTypes)
+      for (int32_t N : {1, 2, 5}) {
+        const int32_t K = 512;
+        const Quantized w = quantize(t, gaussian(rng, static_cast<size_t>(N) * K), N, K);
+        uint8_t* at = static_cast<uint8_t*>(mem) + 3 * page - w.data.size();
+        std::memcpy(at, w.data.data(), w.data.size());
+        for (int32_t M : {1, 2, 4}) {
+          const std::vector<float> x = exact_activations(rng, M, K);
+          std::vector<float> y(static_cast<size_t>(M) * N), ref(y.size());
+          linear_quant(y.data(), N, x.data(), K, M, at, t, N, K, nullptr, 2);
+          linear_quant(ref.data(), N, x.data(), K, M, w.data.data(), t, N, K, nullptr, 2);
+          CHECK(y == ref);
+        }
+      }
+  });
+  munmap(mem, 4 * page);
+}
+
+TEST(argument_errors_name_the_argument) {
+  std::vector<float> x(512), y(8);
+  std::vector<uint8_t> w(8 * 18 * 16);
+  CHECK_THROWS((linear_quant(y.data(), 8, x.data(), 512, 1, w.data(), QuantType::kQ4_K, 8, 96, nullptr, 1)), std::invalid_argument,
+               "K: q4_k rows must hold a positive multiple of 256 weights, got 96");
+  CHECK_THROWS((linear_quant(y.data(), 8, x.data(), 512, 0, w.data(), QuantType::kQ4_0, 8, 512, nullptr, 1)), std::invalid_argument,
+               "M: must be > 0, got 0");
+  CHECK_THROWS((linear_quant(y.data(), 4, x.data(), 512, 1, w.data(), QuantType::kQ4_0, 8, 512, nullptr, 1)), std::invalid_argument,
+               "ldy: must be >= N = 8, got 4");
+  CHECK_THROWS(quant_format(static_cast<QuantType>(3)), std::invalid_argument,
+               "type: unknown quantization type id 3 (known: 2 = q4_0, 8 = q8_0, 12 = q4_k, 14 = q6_k)");
+  const int64_t ids[] = {0, 9};
+  CHECK_THROWS((dequantize_gather(QuantType::kQ4_0, w.data(), 8, 512, ids, 2, y.data())), std::invalid_argument,
+               "ids[1]: 9 is out of range [0, 8)");
+}
+
+TEST_MAIN()
