@@ -36,43 +36,46 @@ inline int32_t hsum_epi32(__m256i v) {
 
 // ---- 32-weight blocks: Q8_0, Q4_0 ----
 
-// The 32 signed levels of a block, in weight order, and its scale.
-inline __m256i levels(const BlockQ8_0& b) { return load32(b.qs); }
-inline __m256i levels(const BlockQ4_0& b) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
-  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
-  return _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
-}
-
-// Signed-by-signed byte dot products (vpmaddubsw takes unsigned x signed): |w| times x with w's
-// sign moved onto it. 8 int32 partial sums.
-inline __m256i dot_i8(__m256i abs_w, __m256i w, __m256i x) {
-  const __m256i p = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w));
+// A block's dot product with 32 activations: 8 int32 partial sums. vpmaddubsw multiplies
+// unsigned by signed bytes: Q8_0 moves the weights' signs onto x (|w| times +-x); Q4_0 multiplies
+// its unsigned levels 0..15 as they are, the offset of 8 being taken off with ActQ8_32::s8.
+inline __m256i block_dot(const BlockQ8_0& b, __m256i x) {
+  const __m256i w = load32(b.qs);
+  const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
   return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
+inline __m256i block_dot(const BlockQ4_0& b, __m256i x) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(nib, x), _mm256_set1_epi16(1));
+}
+constexpr bool has_offset(const BlockQ8_0*) { return false; }
+constexpr bool has_offset(const BlockQ4_0*) { return true; }
 
 // Dot products of MB rows of x with R weight rows: out[m * R + r]. Even and odd blocks sum into
-// separate accumulators (two independent FMA chains), added at the end: the same order for every
-// MB and R, so a row's result does not depend on the batch it is in.
+// separate accumulators (two independent FMA chains), added at the end (Q4_0: minus the offsets'
+// sum, kept in a scalar): the same order for every MB and R, so a row's result does not depend on
+// the batch it is in.
 template <typename B, int MB, int R>
 void tile32(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
+  constexpr bool offset = has_offset(static_cast<const B*>(nullptr));
   const int32_t nb = a.K / kQK;
   __m256 acc[2][MB][R];
-  for (int p = 0; p < 2; ++p)
-    for (int m = 0; m < MB; ++m)
-      for (int r = 0; r < R; ++r) acc[p][m][r] = _mm256_setzero_ps();
+  float off[MB][R];
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r) acc[0][m][r] = acc[1][m][r] = _mm256_setzero_ps(), off[m][r] = 0.0f;
   const B* w[R];
   for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const B*>(a.w + (n + r) * a.wrow_bytes);
   const ActQ8_32* x[MB];
   for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_32*>(a.xq + (m0 + m) * a.xrow_bytes);
   auto step = [&](int32_t b, int p) {
     for (int r = 0; r < R; ++r) {
-      const __m256i wv = levels(w[r][b]);
-      const __m256i aw = _mm256_sign_epi8(wv, wv);
       const float dw = half_to_float(w[r][b].d);
-      for (int m = 0; m < MB; ++m)
-        acc[p][m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8(aw, wv, load32(x[m][b].qs))),
-                                       _mm256_set1_ps(dw * x[m][b].d), acc[p][m][r]);
+      for (int m = 0; m < MB; ++m) {
+        const __m256i dot = block_dot(w[r][b], load32(x[m][b].qs));
+        acc[p][m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * x[m][b].d), acc[p][m][r]);
+        if (offset) off[m][r] += dw * x[m][b].s8;
+      }
     }
   };
   int32_t b = 0;
@@ -83,7 +86,7 @@ void tile32(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
   }
   if (b < nb) step(b, 0);
   for (int m = 0; m < MB; ++m)
-    for (int r = 0; r < R; ++r) out[m * R + r] = hsum_ps(_mm256_add_ps(acc[0][m][r], acc[1][m][r]));
+    for (int r = 0; r < R; ++r) out[m * R + r] = hsum_ps(_mm256_add_ps(acc[0][m][r], acc[1][m][r])) - off[m][r];
 }
 
 // ---- 256-weight super-blocks: Q4_K, Q6_K (one weight row, MB x rows) ----

@@ -37,9 +37,11 @@ struct BlockQ6_K {
 static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18, "llama.cpp block sizes");
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ6_K) == 210, "llama.cpp block sizes");
 
-// Activations quantized for blocks of 32 weights: x ~= d * qs.
+// Activations quantized for blocks of 32 weights: x ~= d * qs; s8 = 8 * d * sum(qs) (what Q4_0's
+// level offset of 8 takes off a block's dot product).
 struct ActQ8_32 {
   float d;
+  float s8;
   int8_t qs[kQK];
 };
 // Activations quantized for super-blocks of 256 weights, with the sums of each 16 values.
@@ -79,7 +81,13 @@ static inline void quantize_act_32(const float* x, ActQ8_32* out, int64_t n) {
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     out[b].d = d;
-    for (int i = 0; i < kQK; ++i) out[b].qs[i] = static_cast<int8_t>(nearest_int(v[i] * id));
+    int sum = 0;
+    for (int i = 0; i < kQK; ++i) {
+      const int q = nearest_int(v[i] * id);
+      out[b].qs[i] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    out[b].s8 = static_cast<float>(8 * sum) * d;
   }
 }
 
