@@ -91,26 +91,51 @@ void tile32(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
 
 // ---- 256-weight super-blocks: Q4_K, Q6_K (one weight row, MB x rows) ----
 
+// Q4_K's 8 sub-block scales (bytes 0..7) and mins (bytes 8..15) from its 12 packed bytes: the
+// low 6 bits of bytes 0..3 / 4..7 for sub-blocks 0..3; for 4..7 the nibbles of bytes 8..11 with
+// the top 2 bits of bytes 0..3 / 4..7 above them (q4k_scale_min, four at a time).
+inline __m128i q4k_scales_mins(const uint8_t* packed) {
+  uint32_t v[3];
+  std::memcpy(v, packed, 12);
+  const uint32_t six = 0x3f3f3f3fu, four = 0x0f0f0f0fu, two = 0x03030303u;
+  const uint32_t sc_lo = v[0] & six, mn_lo = v[1] & six;
+  const uint32_t sc_hi = (v[2] & four) | (((v[0] >> 6) & two) << 4);
+  const uint32_t mn_hi = ((v[2] >> 4) & four) | (((v[1] >> 6) & two) << 4);
+  return _mm_set_epi32(static_cast<int32_t>(mn_hi), static_cast<int32_t>(mn_lo), static_cast<int32_t>(sc_hi),
+                       static_cast<int32_t>(sc_lo));
+}
+
+// The int16 lanes of `v16` (8 values, repeated in both halves) broadcast: lane j everywhere.
+inline __m256i broadcast_word(__m256i v16, int j) {
+  const __m256i pick = _mm256_set1_epi16(static_cast<int16_t>((2 * j) | ((2 * j + 1) << 8)));
+  return _mm256_shuffle_epi8(v16, pick);
+}
+
+// Per super-block the integer sums stay in vectors and go into fp32 vector accumulators (the
+// scaled levels and the mins' term apart), one horizontal sum per row at the end: the same
+// order for every MB.
 template <int MB>
 void row_q4_k(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
   const int32_t nb = a.K / kQKK;
   const auto* w = reinterpret_cast<const BlockQ4_K*>(a.w + n * a.wrow_bytes);
   const ActQ8_256* x[MB];
   for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_256*>(a.xq + (m0 + m) * a.xrow_bytes);
-  float acc[MB] = {};
+  __m256 acc[MB], accmin[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = accmin[m] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   for (int32_t b = 0; b < nb; ++b) {
     const BlockQ4_K& wb = w[b];
     if (MB == 1) prefetch_l2(reinterpret_cast<const char*>(&wb) + kPrefetchBytes);
-    uint8_t sc[8], mn[8];
-    for (int j = 0; j < 8; ++j) q4k_scale_min(j, wb.scales, sc[j], mn[j]);
+    const __m128i sm = q4k_scales_mins(wb.scales);
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));   // 8 scales, twice
+    const __m256i mins = _mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8));          // 8 mins
     __m256i sumi[MB];
     for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {  // 64 weights: sub-blocks 2c (low nibbles), 2c + 1 (high)
       const __m256i q = load32(wb.qs + 32 * c);
       const __m256i lo = _mm256_and_si256(q, low4);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-      const __m256i s0 = _mm256_set1_epi16(sc[2 * c]), s1 = _mm256_set1_epi16(sc[2 * c + 1]);
+      const __m256i s0 = broadcast_word(sc16, 2 * c), s1 = broadcast_word(sc16, 2 * c + 1);
       for (int m = 0; m < MB; ++m) {
         const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load32(x[m][b].qs + 64 * c)), s0);
         const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load32(x[m][b].qs + 64 * c + 32)), s1);
@@ -118,18 +143,16 @@ void row_q4_k(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
       }
     }
     const float d = half_to_float(wb.d), dmin = half_to_float(wb.dmin);
-    uint64_t mn8;
-    std::memcpy(&mn8, mn, 8);
-    const __m256i mins = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(mn8)));
     for (int m = 0; m < MB; ++m) {
       // the sums of x over each sub-block of 32 (pairs of the 16-value sums), times its min
       const __m256i pairs = _mm256_madd_epi16(load32(x[m][b].bsums), _mm256_set1_epi16(1));
-      const int32_t smin = hsum_epi32(_mm256_mullo_epi32(pairs, mins));
       const float dx = x[m][b].d;
-      acc[m] += d * dx * static_cast<float>(hsum_epi32(sumi[m])) - dmin * dx * static_cast<float>(smin);
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[m]), _mm256_set1_ps(d * dx), acc[m]);
+      accmin[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(pairs, mins)), _mm256_set1_ps(dmin * dx),
+                                  accmin[m]);
     }
   }
-  for (int m = 0; m < MB; ++m) out[m] = acc[m];
+  for (int m = 0; m < MB; ++m) out[m] = hsum_ps(acc[m]) - hsum_ps(accmin[m]);
 }
 
 template <int MB>
@@ -138,12 +161,15 @@ void row_q6_k(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
   const auto* w = reinterpret_cast<const BlockQ6_K*>(a.w + n * a.wrow_bytes);
   const ActQ8_256* x[MB];
   for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_256*>(a.xq + (m0 + m) * a.xrow_bytes);
-  float acc[MB] = {};
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
+  // per 32 levels, the scales of its two sub-blocks of 16 (low, high 128-bit lane)
+  const __m256i pair_pick = _mm256_set_epi8(3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2,
+                                            1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
   for (int32_t b = 0; b < nb; ++b) {
     const BlockQ6_K& wb = w[b];
     if (MB == 1) prefetch_l2(reinterpret_cast<const char*>(&wb) + kPrefetchBytes);
-    // the 16 sub-block scales as int16, and per 32 levels the pair of scales of its two halves
     const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.scales)));
     __m256i sumi[MB];
     for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
@@ -158,25 +184,25 @@ void row_q6_k(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), low2), 4));
       q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), low4),
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4));
-      __m256i s[4];
+      // the 8 scales of this half as int16 in both 128-bit lanes, then pairs (2i, 2i + 1)
+      const __m256i sc = _mm256_permute4x64_epi64(scales16, half == 0 ? 0x44 : 0xee);
       for (int i = 0; i < 4; ++i) {
-        const int j = 8 * half + 2 * i;
-        s[i] = _mm256_set_m128i(_mm_set1_epi16(wb.scales[j + 1]), _mm_set1_epi16(wb.scales[j]));
-      }
-      for (int m = 0; m < MB; ++m)
-        for (int i = 0; i < 4; ++i) {
+        const __m256i s = _mm256_shuffle_epi8(sc, _mm256_add_epi8(pair_pick, _mm256_set1_epi8(static_cast<char>(4 * i))));
+        for (int m = 0; m < MB; ++m) {
           const __m256i p = _mm256_maddubs_epi16(q[i], load32(x[m][b].qs + 128 * half + 32 * i));
-          sumi[m] = _mm256_add_epi32(sumi[m], _mm256_madd_epi16(p, s[i]));
+          sumi[m] = _mm256_add_epi32(sumi[m], _mm256_madd_epi16(p, s));
         }
+      }
     }
     const float d = half_to_float(wb.d);
     for (int m = 0; m < MB; ++m) {
       // the levels are stored + 32: take 32 * sum_j scale_j * (sum of x over sub-block j) off
-      const int32_t corr = hsum_epi32(_mm256_madd_epi16(load32(x[m][b].bsums), scales16));
-      acc[m] += d * x[m][b].d * static_cast<float>(hsum_epi32(sumi[m]) - 32 * corr);
+      const __m256i corr = _mm256_madd_epi16(load32(x[m][b].bsums), scales16);
+      const __m256i total = _mm256_sub_epi32(sumi[m], _mm256_slli_epi32(corr, 5));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * x[m][b].d), acc[m]);
     }
   }
-  for (int m = 0; m < MB; ++m) out[m] = acc[m];
+  for (int m = 0; m < MB; ++m) out[m] = hsum_ps(acc[m]);
 }
 
 // ---- tile loops ----
