@@ -81,17 +81,17 @@ def test_plan_follows_llama_cpp_rules(checkpoint_factory, llama_q_dir):
     assert isinstance(layer["input_norm"], torch.Tensor) and layer["input_norm"].dtype == torch.float32
     engine.shutdown()
 
-    # rows of 96 weights fit no K-quant: llama.cpp's fallback stands in (Q8_0 here); the MLP's
-    # down projection (rows of 512) keeps Q4_K, the output projection Q8_0
+    # rows of 96 weights fit no K-quant: llama.cpp's fallbacks, Q5_0 for Q4_K and Q8_0 for the
+    # output projection's Q6_K; the MLP's down projection (rows of 512) keeps Q4_K
     odd = checkpoint_factory("llama_q96", model_type="llama", hidden_size=96, intermediate_size=512,
                              num_heads=4, num_kv_heads=2, num_layers=2)
     engine = Engine(odd, quantization="q4_k")
     report = engine._parts.quant_plan.report
-    assert report["model.layers.0.self_attn.q_proj.weight"] == "q8_0 (rows of 96 weights)"
+    assert report["model.layers.0.self_attn.q_proj.weight"] == "q5_0 (rows of 96 weights)"
     assert report["model.layers.0.mlp.down_proj.weight"] == "q4_k"
     assert report["lm_head.weight"] == "q8_0"
-    assert report["model.embed_tokens.weight"] == "q8_0"
-    assert engine._parts.quant_plan.summary() == {"q8_0": 14, "q4_k": 2}
+    assert report["model.embed_tokens.weight"] == "q5_0"
+    assert engine._parts.quant_plan.summary() == {"q5_0": 13, "q8_0": 1, "q4_k": 2}
     engine.shutdown()
 
 
@@ -117,7 +117,8 @@ def test_no_float_copy_of_quantized_weights(llama_q_dir):
 
 
 @pytest.mark.parametrize("kwargs,phase,message", [
-    (dict(quantization="q5_0"), "config", "unsupported quantization format 'q5_0'; supported: q8_0, q4_0, q4_k, q6_k"),
+    (dict(quantization="q5_1"), "config",
+     "unsupported quantization format 'q5_1'; supported: q8_0, q5_0, q4_0, q4_k, q6_k"),
     (dict(quantization="q4_0", dtype="bfloat16"), "config",
      "quantization='q4_0' computes with float32 activations: dtype must be 'float32', got torch.bfloat16"),
     (dict(quantization="q4_0", quantize_lm_head="yes"), "config", "quantize_lm_head must be a bool, got 'yes'"),

@@ -28,9 +28,8 @@ _LINEAR_SUFFIXES = tuple(f"self_attn.{p}_proj.weight" for p in "qkvo") + tuple(
 _EMBED = "model.embed_tokens.weight"
 _LM_HEAD = "lm_head.weight"
 
-# The format a tensor takes when its rows do not fit the requested one. llama.cpp falls back
-# from Q4_K to Q5_0, which pyengine does not implement yet: Q8_0 stands in for it.
-FALLBACK = {"q4_k": "q8_0", "q6_k": "q8_0", "q4_0": "q8_0", "q8_0": None}
+# The format a tensor takes when its rows do not fit the requested one (llama.cpp's choices).
+FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0", "q5_0": "q8_0", "q4_0": "q8_0", "q8_0": None}
 
 
 @dataclass

@@ -5,6 +5,8 @@
 //   Q8_0  32 weights: fp16 d, int8 q[32];                       w = d * q
 //   Q4_0  32 weights: fp16 d, 16 bytes of nibbles (low nibble j = weight j, high nibble j =
 //         weight 16 + j);                                       w = d * (q - 8)
+//   Q5_0  32 weights: fp16 d, 32 fifth bits (bit j of a little-endian uint32 = weight j), 16
+//         bytes of nibbles as Q4_0;                             w = d * (q - 16)
 //   Q4_K  256 weights in 8 sub-blocks of 32: fp16 d, fp16 dmin, 12 bytes of 6-bit sub-block
 //         scales and mins, 128 bytes of nibbles;                w = d * sc * q - dmin * m
 //   Q6_K  256 weights in 16 sub-blocks of 16: 128 bytes of low nibbles, 64 bytes of high 2-bit
@@ -12,7 +14,7 @@
 // A weight matrix [N, K] is N rows of K / block_elems blocks each (K a multiple of the block).
 //
 // The linear layer quantizes the activations per block on the fly (to 8 bits: one fp32 scale
-// per 32 values for Q8_0 / Q4_0 weights, per 256 for Q4_K / Q6_K, as llama.cpp does) and sums
+// per 32 values for Q8_0 / Q5_0 / Q4_0 weights, per 256 for Q4_K / Q6_K, as llama.cpp does) and sums
 // the integer products of each block exactly, in fp32 across blocks.
 //
 // Errors: invalid arguments throw std::invalid_argument naming the argument and the value.
@@ -23,10 +25,10 @@
 namespace pyengine::kernels {
 
 // The GGML type ids (the numbers in a GGUF file's tensor infos).
-enum class QuantType : int32_t { kQ4_0 = 2, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+enum class QuantType : int32_t { kQ4_0 = 2, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
 
 struct QuantFormat {
-  const char* name;      // "q8_0", "q4_0", "q4_k", "q6_k"
+  const char* name;      // "q8_0", "q5_0", "q4_0", "q4_k", "q6_k"
   int32_t block_elems;   // weights per block
   int32_t block_bytes;   // bytes per block
 };

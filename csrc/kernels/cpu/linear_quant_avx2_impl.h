@@ -37,8 +37,9 @@ inline int32_t hsum_epi32(__m256i v) {
 // ---- 32-weight blocks: Q8_0, Q4_0 ----
 
 // A block's dot product with 32 activations: 8 int32 partial sums. vpmaddubsw multiplies
-// unsigned by signed bytes: Q8_0 moves the weights' signs onto x (|w| times +-x); Q4_0 multiplies
-// its unsigned levels 0..15 as they are, the offset of 8 being taken off with ActQ8_32::s8.
+// unsigned by signed bytes: Q8_0 moves the weights' signs onto x (|w| times +-x); Q4_0 and Q5_0
+// multiply their unsigned levels (0..15, 0..31) as they are, the offset (8, 16) being taken off
+// with ActQ8_32::s8.
 inline __m256i block_dot(const BlockQ8_0& b, __m256i x) {
   const __m256i w = load32(b.qs);
   const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
@@ -49,8 +50,24 @@ inline __m256i block_dot(const BlockQ4_0& b, __m256i x) {
   const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
   return _mm256_madd_epi16(_mm256_maddubs_epi16(nib, x), _mm256_set1_epi16(1));
 }
-constexpr bool has_offset(const BlockQ8_0*) { return false; }
-constexpr bool has_offset(const BlockQ4_0*) { return true; }
+// Q5_0: the nibbles as Q4_0's, the fifth bits spread to bytes (byte i tests bit i of qh).
+inline __m256i block_dot(const BlockQ5_0& b, __m256i x) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+  uint32_t qh;
+  std::memcpy(&qh, b.qh, 4);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(qh)),
+                                            _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                              0x0101010101010101, 0x0000000000000000));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+  const __m256i q = _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
+}
+// The level offset, in units of ActQ8_32::s8 (8 * d * sum(x levels)).
+constexpr float level_offset(const BlockQ8_0*) { return 0.0f; }
+constexpr float level_offset(const BlockQ4_0*) { return 1.0f; }
+constexpr float level_offset(const BlockQ5_0*) { return 2.0f; }
 
 // Dot products of MB rows of x with R weight rows: out[m * R + r]. Even and odd blocks sum into
 // separate accumulators (two independent FMA chains), added at the end (Q4_0: minus the offsets'
@@ -58,7 +75,7 @@ constexpr bool has_offset(const BlockQ4_0*) { return true; }
 // the batch it is in.
 template <typename B, int MB, int R>
 void tile32(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
-  constexpr bool offset = has_offset(static_cast<const B*>(nullptr));
+  constexpr float offset = level_offset(static_cast<const B*>(nullptr));
   const int32_t nb = a.K / kQK;
   __m256 acc[2][MB][R];
   float off[MB][R];
@@ -74,7 +91,7 @@ void tile32(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
       for (int m = 0; m < MB; ++m) {
         const __m256i dot = block_dot(w[r][b], load32(x[m][b].qs));
         acc[p][m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * x[m][b].d), acc[p][m][r]);
-        if (offset) off[m][r] += dw * x[m][b].s8;
+        if (offset != 0.0f) off[m][r] += dw * (offset * x[m][b].s8);
       }
     }
   };
@@ -271,6 +288,7 @@ void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
   switch (a.type) {
     case QuantType::kQ8_0: return rows32<BlockQ8_0>(a, n0, n1);
     case QuantType::kQ4_0: return rows32<BlockQ4_0>(a, n0, n1);
+    case QuantType::kQ5_0: return rows32<BlockQ5_0>(a, n0, n1);
     case QuantType::kQ4_K:
     case QuantType::kQ6_K: return rows256(a, n0, n1);
   }

@@ -35,6 +35,21 @@ float dot_q4_0(const BlockQ4_0* w, const ActQ8_32* x, int32_t nb) {
   return acc;
 }
 
+float dot_q5_0(const BlockQ5_0* w, const ActQ8_32* x, int32_t nb) {
+  float acc = 0.0f;
+  for (int32_t b = 0; b < nb; ++b) {
+    const uint32_t qh = w[b].qh[0] | (w[b].qh[1] << 8) | (w[b].qh[2] << 16) | (static_cast<uint32_t>(w[b].qh[3]) << 24);
+    int32_t s = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int lo = (w[b].qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
+      const int hi = (w[b].qs[j] >> 4) | (((qh >> (j + kQK / 2)) & 1) << 4);
+      s += (lo - 16) * x[b].qs[j] + (hi - 16) * x[b].qs[j + kQK / 2];
+    }
+    acc += fp16_to_f32(w[b].d) * x[b].d * static_cast<float>(s);
+  }
+  return acc;
+}
+
 float dot_q4_k(const BlockQ4_K* w, const ActQ8_256* x, int32_t nb) {
   float acc = 0.0f;
   for (int32_t b = 0; b < nb; ++b) {
@@ -90,6 +105,8 @@ float dot_row(const QuantLinearArgs& a, const uint8_t* w, const uint8_t* x) {
       return dot_q8_0(reinterpret_cast<const BlockQ8_0*>(w), reinterpret_cast<const ActQ8_32*>(x), a.K / kQK);
     case QuantType::kQ4_0:
       return dot_q4_0(reinterpret_cast<const BlockQ4_0*>(w), reinterpret_cast<const ActQ8_32*>(x), a.K / kQK);
+    case QuantType::kQ5_0:
+      return dot_q5_0(reinterpret_cast<const BlockQ5_0*>(w), reinterpret_cast<const ActQ8_32*>(x), a.K / kQK);
     case QuantType::kQ4_K:
       return dot_q4_k(reinterpret_cast<const BlockQ4_K*>(w), reinterpret_cast<const ActQ8_256*>(x), a.K / kQKK);
     case QuantType::kQ6_K:

@@ -56,6 +56,26 @@ void quantize_q4_0(const float* x, BlockQ4_0* y, int64_t nb) {
   }
 }
 
+void quantize_q5_0(const float* x, BlockQ5_0* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, x += kQK) {
+    float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < kQK; ++i)
+      if (amax < std::fabs(x[i])) amax = std::fabs(x[i]), max = x[i];
+    const float d = max / -16.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = f32_to_fp16(d);
+    uint32_t qh = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int lo = std::min(31, static_cast<int>(static_cast<int8_t>(x[j] * id + 16.5f)));
+      const int hi = std::min(31, static_cast<int>(static_cast<int8_t>(x[kQK / 2 + j] * id + 16.5f)));
+      y[b].qs[j] = static_cast<uint8_t>((lo & 0x0f) | ((hi & 0x0f) << 4));
+      qh |= static_cast<uint32_t>((lo >> 4) & 1) << j;
+      qh |= static_cast<uint32_t>((hi >> 4) & 1) << (j + kQK / 2);
+    }
+    for (int i = 0; i < 4; ++i) y[b].qh[i] = static_cast<uint8_t>(qh >> (8 * i));
+  }
+}
+
 // ---- Q4_K: per sub-block of 32, an asymmetric 4-bit grid (scale, min) chosen by a search ----
 
 // Quantizes n values to levels 0..nmax with x ~= scale * l - min_out, minimizing the squared
@@ -271,6 +291,19 @@ void dequantize_q4_0(const BlockQ4_0* x, float* y, int64_t nb) {
   }
 }
 
+void dequantize_q5_0(const BlockQ5_0* x, float* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, y += kQK) {
+    const float d = fp16_to_f32(x[b].d);
+    const uint32_t qh = x[b].qh[0] | (x[b].qh[1] << 8) | (x[b].qh[2] << 16) | (static_cast<uint32_t>(x[b].qh[3]) << 24);
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int lo = (x[b].qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
+      const int hi = (x[b].qs[j] >> 4) | (((qh >> (j + kQK / 2)) & 1) << 4);
+      y[j] = d * (lo - 16);
+      y[j + kQK / 2] = d * (hi - 16);
+    }
+  }
+}
+
 void dequantize_q4_k(const BlockQ4_K* x, float* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b) {
     const float d = fp16_to_f32(x[b].d), dmin = fp16_to_f32(x[b].dmin);
@@ -313,6 +346,7 @@ void dequantize_row(QuantType type, const uint8_t* src, float* dst, int64_t nb) 
   switch (type) {
     case QuantType::kQ8_0: return dequantize_q8_0(reinterpret_cast<const BlockQ8_0*>(src), dst, nb);
     case QuantType::kQ4_0: return dequantize_q4_0(reinterpret_cast<const BlockQ4_0*>(src), dst, nb);
+    case QuantType::kQ5_0: return dequantize_q5_0(reinterpret_cast<const BlockQ5_0*>(src), dst, nb);
     case QuantType::kQ4_K: return dequantize_q4_k(reinterpret_cast<const BlockQ4_K*>(src), dst, nb);
     case QuantType::kQ6_K: return dequantize_q6_k(reinterpret_cast<const BlockQ6_K*>(src), dst, nb);
   }
@@ -324,11 +358,12 @@ QuantFormat quant_format(QuantType type) {
   switch (type) {
     case QuantType::kQ8_0: return {"q8_0", kQK, static_cast<int32_t>(sizeof(BlockQ8_0))};
     case QuantType::kQ4_0: return {"q4_0", kQK, static_cast<int32_t>(sizeof(BlockQ4_0))};
+    case QuantType::kQ5_0: return {"q5_0", kQK, static_cast<int32_t>(sizeof(BlockQ5_0))};
     case QuantType::kQ4_K: return {"q4_k", kQKK, static_cast<int32_t>(sizeof(BlockQ4_K))};
     case QuantType::kQ6_K: return {"q6_k", kQKK, static_cast<int32_t>(sizeof(BlockQ6_K))};
   }
   fail("type: unknown quantization type id " + std::to_string(static_cast<int32_t>(type)) +
-       " (known: 2 = q4_0, 8 = q8_0, 12 = q4_k, 14 = q6_k)");
+       " (known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k)");
   return {};
 }
 
@@ -354,6 +389,7 @@ void quantize_rows(QuantType type, const float* src, void* dst, int64_t rows, in
     switch (type) {
       case QuantType::kQ8_0: quantize_q8_0(x, reinterpret_cast<BlockQ8_0*>(y), nb); break;
       case QuantType::kQ4_0: quantize_q4_0(x, reinterpret_cast<BlockQ4_0*>(y), nb); break;
+      case QuantType::kQ5_0: quantize_q5_0(x, reinterpret_cast<BlockQ5_0*>(y), nb); break;
       case QuantType::kQ4_K: quantize_q4_k(x, reinterpret_cast<BlockQ4_K*>(y), nb); break;
       case QuantType::kQ6_K: quantize_q6_k(x, reinterpret_cast<BlockQ6_K*>(y), nb); break;
     }
