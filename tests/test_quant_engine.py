@@ -128,3 +128,26 @@ def test_bad_quantization_arguments(llama_q_dir, kwargs, phase, message):
         Engine(llama_q_dir, **kwargs)
     assert e.value.phase == phase
     assert message in str(e.value)
+
+
+def _resident_kib(path_fragment: str) -> int:
+    """Resident KiB of this process's memory maps of files whose path contains `path_fragment`."""
+    total, current = 0, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:  # a mapping's header line
+                current = fields[5] if len(fields) > 5 else None
+            elif fields[0] == "Rss:" and current is not None and path_fragment in current:
+                total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="needs Linux /proc")
+def test_the_float_checkpoint_is_not_kept_mapped(llama_q_dir):
+    """After a quantized load nothing views the float checkpoint's memory map, so its pages are
+    not resident next to the quantized weights (process RSS ~ quantized weights + KV pool)."""
+    engine = Engine(llama_q_dir, quantization="q4_0")
+    assert _resident_kib(str(llama_q_dir)) == 0
+    out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)
+    assert len(out[0].token_ids) == 2

@@ -77,7 +77,9 @@ class QuantPlan:
             if len(tensor.shape) == 2:
                 self.report[name] = "kept (quantize_lm_head=False)" if not self.quantize_lm_head else \
                     f"kept (rows of {tensor.shape[1]} fit no format)"
-            return tensor
+            # a copy: a tensor read from a safetensors file may view its memory map, which would
+            # keep the whole file's pages resident next to the quantized weights
+            return tensor.clone()
         if fmt != self.method:
             self.report[name] = f"{fmt.name} (rows of {tensor.shape[1]} weights)" if name.endswith(_LINEAR_SUFFIXES) \
                 else fmt.name
