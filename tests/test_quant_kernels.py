@@ -14,7 +14,7 @@ import pyengine.core._core as _core
 from pyengine.quant import QUANT_FORMATS, QuantizedWeight, quant_format
 
 U = 2.0 ** -24  # fp32 unit roundoff
-FORMATS = list(QUANT_FORMATS)  # q8_0, q5_0, q4_0, q4_k, q6_k
+FORMATS = list(QUANT_FORMATS)  # q8_0, q5_0, q4_0, q4_k, q6_k, q4_z
 GGUF_TYPE = {"q8_0": GGMLQuantizationType.Q8_0, "q5_0": GGMLQuantizationType.Q5_0, "q4_0": GGMLQuantizationType.Q4_0,
              "q4_k": GGMLQuantizationType.Q4_K, "q6_k": GGMLQuantizationType.Q6_K}
 
@@ -57,17 +57,17 @@ def q4_k_offsets(data: np.ndarray, k: int) -> np.ndarray:
 def test_formats_are_llama_cpps():
     assert {f.name: (f.type_id, f.block_elems, f.block_bytes) for f in QUANT_FORMATS.values()} == {
         "q8_0": (8, 32, 34), "q5_0": (6, 32, 22), "q4_0": (2, 32, 18), "q4_k": (12, 256, 144),
-        "q6_k": (14, 256, 210)}
+        "q6_k": (14, 256, 210), "q4_z": (100, 32, 20)}
     for name, t in GGUF_TYPE.items():
         assert gguf_quants.GGML_QUANT_SIZES[t] == (QUANT_FORMATS[name].block_elems, QUANT_FORMATS[name].block_bytes)
     assert quant_format("Q4_K") is QUANT_FORMATS["q4_k"] and quant_format(14) is QUANT_FORMATS["q6_k"]
-    with pytest.raises(ValueError, match=r"unsupported quantization format 'q5_1'; supported: q8_0, q5_0, q4_0, q4_k, q6_k"):
+    with pytest.raises(ValueError, match=r"unsupported quantization format 'q5_1'; supported: q8_0, q5_0, q4_0, q4_k, q6_k, q4_z"):
         quant_format("q5_1")
     with pytest.raises(ValueError, match=r"q4_k rows must hold a positive multiple of 256 weights, got 576"):
         QUANT_FORMATS["q4_k"].row_bytes(576)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", list(GGUF_TYPE))
 def test_dequantize_matches_gguf(fmt):
     w = weights(9, 512, seed=1)
     q = QuantizedWeight.quantize(w, fmt)
@@ -86,12 +86,12 @@ def test_quantize_matches_gguf_bit_for_bit(fmt):
 
 
 @pytest.mark.parametrize("fmt,max_rel_rmse", [("q8_0", 0.007), ("q5_0", 0.05), ("q4_0", 0.1), ("q4_k", 0.09),
-                                               ("q6_k", 0.022)])
+                                               ("q6_k", 0.022), ("q4_z", 0.1)])
 def test_quantization_error_is_that_of_the_format(fmt, max_rel_rmse):
     """Round-to-nearest error per format on Gaussian weights: about step / sqrt(12) with step =
     E[max|w| of a block] / (levels / 2), i.e. 0.0047 sigma for Q8_0 (32 weights, 255 levels),
     0.037 for Q5_0 (32 levels), 0.075 for Q4_0 (16 levels), 0.016 for Q6_K (16 weights, 64
-    levels); Q4_K's searched
+    levels), 0.079 for Q4_Z (asymmetric, 16 levels over the block's range); Q4_K's searched
     asymmetric grids land below Q4_0's. An all-zero block stays zero."""
     w = weights(16, 1024, seed=3)
     dq = QuantizedWeight.quantize(w, fmt).dequantize()
@@ -174,7 +174,7 @@ def test_quantized_linear_rejects_bad_input():
         q.linear(torch.zeros(2, 256), torch.zeros(7))
     with pytest.raises(ValueError, match=r"K: q4_k rows must hold a positive multiple of 256 weights, got 96"):
         _core._quant_row_bytes(12, 96)
-    with pytest.raises(ValueError, match=r"unknown quantization type id 7 \(known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k\)"):
+    with pytest.raises(ValueError, match=r"unknown quantization type id 7 \(known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k, 100 = q4_z\)"):
         _core._quant_format(7)
     out = torch.full((2, 256), 7.0)
     ids = torch.tensor([0, 8])

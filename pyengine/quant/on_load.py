@@ -29,7 +29,7 @@ _EMBED = "model.embed_tokens.weight"
 _LM_HEAD = "lm_head.weight"
 
 # The format a tensor takes when its rows do not fit the requested one (llama.cpp's choices).
-FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0", "q5_0": "q8_0", "q4_0": "q8_0", "q8_0": None}
+FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0", "q5_0": "q8_0", "q4_0": "q8_0", "q4_z": "q8_0", "q8_0": None}
 
 
 @dataclass

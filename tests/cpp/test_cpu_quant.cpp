@@ -22,7 +22,7 @@ using namespace pyengine::kernels;
 namespace {
 
 const QuantType kTypes[] = {QuantType::kQ8_0, QuantType::kQ5_0, QuantType::kQ4_0, QuantType::kQ4_K,
-                            QuantType::kQ6_K};
+                            QuantType::kQ6_K, QuantType::kQ4_Z};
 
 std::vector<float> gaussian(std::mt19937& rng, size_t n) {
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -155,7 +155,7 @@ TEST(argument_errors_name_the_argument) {
   CHECK_THROWS((linear_quant(y.data(), 4, x.data(), 512, 1, w.data(), QuantType::kQ4_0, 8, 512, nullptr, 1)), std::invalid_argument,
                "ldy: must be >= N = 8, got 4");
   CHECK_THROWS(quant_format(static_cast<QuantType>(3)), std::invalid_argument,
-               "type: unknown quantization type id 3 (known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k)");
+               "type: unknown quantization type id 3 (known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k, 100 = q4_z)");
   const int64_t ids[] = {0, 9};
   CHECK_THROWS((dequantize_gather(QuantType::kQ4_0, w.data(), 8, 512, ids, 2, y.data())), std::invalid_argument,
                "ids[1]: 9 is out of range [0, 8)");

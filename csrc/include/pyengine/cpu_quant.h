@@ -11,6 +11,9 @@
 //         scales and mins, 128 bytes of nibbles;                w = d * sc * q - dmin * m
 //   Q6_K  256 weights in 16 sub-blocks of 16: 128 bytes of low nibbles, 64 bytes of high 2-bit
 //         pairs, int8 scales[16], fp16 d;                       w = d * sc * (q - 32)
+// and one of pyengine's own, for 4-bit checkpoints with zero points (AWQ, GPTQ):
+//   Q4_Z  32 weights: fp16 d, uint8 zero point z (0..15), a pad byte, 16 bytes of nibbles as
+//         Q4_0;                                                 w = d * (q - z)
 // A weight matrix [N, K] is N rows of K / block_elems blocks each (K a multiple of the block).
 //
 // The linear layer quantizes the activations per block on the fly (to 8 bits: one fp32 scale
@@ -25,10 +28,11 @@
 namespace pyengine::kernels {
 
 // The GGML type ids (the numbers in a GGUF file's tensor infos).
-enum class QuantType : int32_t { kQ4_0 = 2, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+// (Q4_Z has no GGML id: 100 is pyengine's.)
+enum class QuantType : int32_t { kQ4_0 = 2, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14, kQ4_Z = 100 };
 
 struct QuantFormat {
-  const char* name;      // "q8_0", "q5_0", "q4_0", "q4_k", "q6_k"
+  const char* name;      // "q8_0", "q5_0", "q4_0", "q4_k", "q6_k", "q4_z"
   int32_t block_elems;   // weights per block
   int32_t block_bytes;   // bytes per block
 };
@@ -41,7 +45,8 @@ int64_t quant_row_bytes(QuantType type, int64_t K);
 
 // Quantizes rows [rows, K] of fp32 weights into `dst` (rows * quant_row_bytes bytes) by
 // round-to-nearest, as llama.cpp's reference quantizers do without an importance matrix (Q4_K
-// and Q6_K search each sub-block's scale, and min, for the least weighted squared error).
+// and Q6_K search each sub-block's scale, and min, for the least weighted squared error; Q4_Z:
+// d = (max - min) / 15, z = round(-min / d), as AWQ and GPTQ do without calibration).
 // Threads over rows (`num_threads` <= 0: OpenMP's default).
 void quantize_rows(QuantType type, const float* src, void* dst, int64_t rows, int64_t K,
                    int32_t num_threads);

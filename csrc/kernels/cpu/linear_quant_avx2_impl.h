@@ -38,8 +38,8 @@ inline int32_t hsum_epi32(__m256i v) {
 
 // A block's dot product with 32 activations: 8 int32 partial sums. vpmaddubsw multiplies
 // unsigned by signed bytes: Q8_0 moves the weights' signs onto x (|w| times +-x); Q4_0 and Q5_0
-// multiply their unsigned levels (0..15, 0..31) as they are, the offset (8, 16) being taken off
-// with ActQ8_32::s8.
+// multiply their unsigned levels (0..15, 0..31) as they are, the offset (8, 16; Q4_Z: its zero
+// point) being taken off with ActQ8_32::s8.
 inline __m256i block_dot(const BlockQ8_0& b, __m256i x) {
   const __m256i w = load32(b.qs);
   const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
@@ -64,10 +64,19 @@ inline __m256i block_dot(const BlockQ5_0& b, __m256i x) {
   const __m256i q = _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
   return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
 }
-// The level offset, in units of ActQ8_32::s8 (8 * d * sum(x levels)).
-constexpr float level_offset(const BlockQ8_0*) { return 0.0f; }
-constexpr float level_offset(const BlockQ4_0*) { return 1.0f; }
-constexpr float level_offset(const BlockQ5_0*) { return 2.0f; }
+inline __m256i block_dot(const BlockQ4_Z& b, __m256i x) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(nib, x), _mm256_set1_epi16(1));
+}
+// A block's level offset, in units of ActQ8_32::s8 (8 * d * sum(x levels)).
+constexpr bool has_offset(const BlockQ8_0*) { return false; }
+template <typename B>
+constexpr bool has_offset(const B*) { return true; }
+inline float offset_units(const BlockQ8_0&) { return 0.0f; }
+inline float offset_units(const BlockQ4_0&) { return 1.0f; }
+inline float offset_units(const BlockQ5_0&) { return 2.0f; }
+inline float offset_units(const BlockQ4_Z& b) { return static_cast<float>(b.z) * 0.125f; }
 
 // Dot products of MB rows of x with R weight rows: out[m * R + r]. Even and odd blocks sum into
 // separate accumulators (two independent FMA chains), added at the end (Q4_0: minus the offsets'
@@ -75,7 +84,7 @@ constexpr float level_offset(const BlockQ5_0*) { return 2.0f; }
 // the batch it is in.
 template <typename B, int MB, int R>
 void tile32(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
-  constexpr float offset = level_offset(static_cast<const B*>(nullptr));
+  constexpr bool offset = has_offset(static_cast<const B*>(nullptr));
   const int32_t nb = a.K / kQK;
   __m256 acc[2][MB][R];
   float off[MB][R];
@@ -91,7 +100,7 @@ void tile32(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
       for (int m = 0; m < MB; ++m) {
         const __m256i dot = block_dot(w[r][b], load32(x[m][b].qs));
         acc[p][m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * x[m][b].d), acc[p][m][r]);
-        if (offset != 0.0f) off[m][r] += dw * (offset * x[m][b].s8);
+        if (offset) off[m][r] += dw * (offset_units(w[r][b]) * x[m][b].s8);
       }
     }
   };
@@ -289,6 +298,7 @@ void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
     case QuantType::kQ8_0: return rows32<BlockQ8_0>(a, n0, n1);
     case QuantType::kQ4_0: return rows32<BlockQ4_0>(a, n0, n1);
     case QuantType::kQ5_0: return rows32<BlockQ5_0>(a, n0, n1);
+    case QuantType::kQ4_Z: return rows32<BlockQ4_Z>(a, n0, n1);
     case QuantType::kQ4_K:
     case QuantType::kQ6_K: return rows256(a, n0, n1);
   }

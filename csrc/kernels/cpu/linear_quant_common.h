@@ -13,7 +13,7 @@ namespace pyengine::kernels::cpu {
 struct QuantLinearArgs {
   float* y;  // [M, N], rows ldy apart
   int64_t ldy;
-  // x quantized: M rows of xrow_bytes, each ActQ8_32[K / 32] (Q8_0, Q5_0, Q4_0 weights) or
+  // x quantized: M rows of xrow_bytes, each ActQ8_32[K / 32] (Q8_0, Q5_0, Q4_0, Q4_Z weights) or
   // ActQ8_256[K / 256] (Q4_K, Q6_K weights)
   const uint8_t* xq;
   int64_t xrow_bytes;
@@ -26,7 +26,7 @@ struct QuantLinearArgs {
 
 // Activation blocks used with weights of `type`: 32 (ActQ8_32) or 256 (ActQ8_256) values each.
 static inline int32_t act_block_elems(QuantType type) {
-  return type == QuantType::kQ8_0 || type == QuantType::kQ4_0 || type == QuantType::kQ5_0 ? kQK : kQKK;
+  return type == QuantType::kQ4_K || type == QuantType::kQ6_K ? kQKK : kQK;
 }
 
 static inline void quant_linear_store(const QuantLinearArgs& a, int32_t m, int32_t n, float acc) {

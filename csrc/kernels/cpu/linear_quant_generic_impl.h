@@ -50,6 +50,18 @@ float dot_q5_0(const BlockQ5_0* w, const ActQ8_32* x, int32_t nb) {
   return acc;
 }
 
+float dot_q4_z(const BlockQ4_Z* w, const ActQ8_32* x, int32_t nb) {
+  float acc = 0.0f;
+  for (int32_t b = 0; b < nb; ++b) {
+    const int z = w[b].z;
+    int32_t s = 0;
+    for (int j = 0; j < kQK / 2; ++j)
+      s += ((w[b].qs[j] & 0x0f) - z) * x[b].qs[j] + ((w[b].qs[j] >> 4) - z) * x[b].qs[j + kQK / 2];
+    acc += fp16_to_f32(w[b].d) * x[b].d * static_cast<float>(s);
+  }
+  return acc;
+}
+
 float dot_q4_k(const BlockQ4_K* w, const ActQ8_256* x, int32_t nb) {
   float acc = 0.0f;
   for (int32_t b = 0; b < nb; ++b) {
@@ -107,6 +119,8 @@ float dot_row(const QuantLinearArgs& a, const uint8_t* w, const uint8_t* x) {
       return dot_q4_0(reinterpret_cast<const BlockQ4_0*>(w), reinterpret_cast<const ActQ8_32*>(x), a.K / kQK);
     case QuantType::kQ5_0:
       return dot_q5_0(reinterpret_cast<const BlockQ5_0*>(w), reinterpret_cast<const ActQ8_32*>(x), a.K / kQK);
+    case QuantType::kQ4_Z:
+      return dot_q4_z(reinterpret_cast<const BlockQ4_Z*>(w), reinterpret_cast<const ActQ8_32*>(x), a.K / kQK);
     case QuantType::kQ4_K:
       return dot_q4_k(reinterpret_cast<const BlockQ4_K*>(w), reinterpret_cast<const ActQ8_256*>(x), a.K / kQKK);
     case QuantType::kQ6_K:

@@ -27,6 +27,12 @@ struct BlockQ5_0 {
   uint8_t qh[4];  // the fifth bits, bit j = weight j (little-endian)
   uint8_t qs[kQK / 2];
 };
+struct BlockQ4_Z {
+  uint16_t d;  // fp16
+  uint8_t z;   // zero point, 0..15
+  uint8_t pad;
+  uint8_t qs[kQK / 2];
+};
 struct BlockQ4_K {
   uint16_t d;     // fp16, the scale of the sub-block scales
   uint16_t dmin;  // fp16, the scale of the sub-block mins
@@ -41,6 +47,7 @@ struct BlockQ6_K {
 };
 static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ5_0) == 22, "llama.cpp block sizes");
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ6_K) == 210, "llama.cpp block sizes");
+static_assert(sizeof(BlockQ4_Z) == 20, "pyengine's Q4_Z");
 
 // Activations quantized for blocks of 32 weights: x ~= d * qs; s8 = 8 * d * sum(qs) (what Q4_0's
 // level offset of 8 takes off a block's dot product; Q5_0's offset of 16 takes 2 * s8).

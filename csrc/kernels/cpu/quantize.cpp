@@ -76,6 +76,28 @@ void quantize_q5_0(const float* x, BlockQ5_0* y, int64_t nb) {
   }
 }
 
+// Asymmetric 4-bit grid per block, as AWQ / GPTQ quantize without calibration.
+void quantize_q4_z(const float* x, BlockQ4_Z* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, x += kQK) {
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < kQK; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+    lo = std::min(lo, 0.0f);
+    hi = std::max(hi, 0.0f);
+    const uint16_t dh = f32_to_fp16((hi - lo) / 15.0f);
+    const float d = fp16_to_f32(dh);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int z = std::max(0, std::min(15, nearest_int(-lo * id)));
+    y[b].d = dh;
+    y[b].z = static_cast<uint8_t>(z);
+    y[b].pad = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int q0 = std::max(0, std::min(15, nearest_int(x[j] * id) + z));
+      const int q1 = std::max(0, std::min(15, nearest_int(x[j + kQK / 2] * id) + z));
+      y[b].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
 // ---- Q4_K: per sub-block of 32, an asymmetric 4-bit grid (scale, min) chosen by a search ----
 
 // Quantizes n values to levels 0..nmax with x ~= scale * l - min_out, minimizing the squared
@@ -304,6 +326,17 @@ void dequantize_q5_0(const BlockQ5_0* x, float* y, int64_t nb) {
   }
 }
 
+void dequantize_q4_z(const BlockQ4_Z* x, float* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, y += kQK) {
+    const float d = fp16_to_f32(x[b].d);
+    const int z = x[b].z;
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[j] = d * ((x[b].qs[j] & 0x0f) - z);
+      y[j + kQK / 2] = d * ((x[b].qs[j] >> 4) - z);
+    }
+  }
+}
+
 void dequantize_q4_k(const BlockQ4_K* x, float* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b) {
     const float d = fp16_to_f32(x[b].d), dmin = fp16_to_f32(x[b].dmin);
@@ -347,6 +380,7 @@ void dequantize_row(QuantType type, const uint8_t* src, float* dst, int64_t nb) 
     case QuantType::kQ8_0: return dequantize_q8_0(reinterpret_cast<const BlockQ8_0*>(src), dst, nb);
     case QuantType::kQ4_0: return dequantize_q4_0(reinterpret_cast<const BlockQ4_0*>(src), dst, nb);
     case QuantType::kQ5_0: return dequantize_q5_0(reinterpret_cast<const BlockQ5_0*>(src), dst, nb);
+    case QuantType::kQ4_Z: return dequantize_q4_z(reinterpret_cast<const BlockQ4_Z*>(src), dst, nb);
     case QuantType::kQ4_K: return dequantize_q4_k(reinterpret_cast<const BlockQ4_K*>(src), dst, nb);
     case QuantType::kQ6_K: return dequantize_q6_k(reinterpret_cast<const BlockQ6_K*>(src), dst, nb);
   }
@@ -359,11 +393,12 @@ QuantFormat quant_format(QuantType type) {
     case QuantType::kQ8_0: return {"q8_0", kQK, static_cast<int32_t>(sizeof(BlockQ8_0))};
     case QuantType::kQ4_0: return {"q4_0", kQK, static_cast<int32_t>(sizeof(BlockQ4_0))};
     case QuantType::kQ5_0: return {"q5_0", kQK, static_cast<int32_t>(sizeof(BlockQ5_0))};
+    case QuantType::kQ4_Z: return {"q4_z", kQK, static_cast<int32_t>(sizeof(BlockQ4_Z))};
     case QuantType::kQ4_K: return {"q4_k", kQKK, static_cast<int32_t>(sizeof(BlockQ4_K))};
     case QuantType::kQ6_K: return {"q6_k", kQKK, static_cast<int32_t>(sizeof(BlockQ6_K))};
   }
   fail("type: unknown quantization type id " + std::to_string(static_cast<int32_t>(type)) +
-       " (known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k)");
+       " (known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k, 100 = q4_z)");
   return {};
 }
 
@@ -390,6 +425,7 @@ void quantize_rows(QuantType type, const float* src, void* dst, int64_t rows, in
       case QuantType::kQ8_0: quantize_q8_0(x, reinterpret_cast<BlockQ8_0*>(y), nb); break;
       case QuantType::kQ4_0: quantize_q4_0(x, reinterpret_cast<BlockQ4_0*>(y), nb); break;
       case QuantType::kQ5_0: quantize_q5_0(x, reinterpret_cast<BlockQ5_0*>(y), nb); break;
+      case QuantType::kQ4_Z: quantize_q4_z(x, reinterpret_cast<BlockQ4_Z*>(y), nb); break;
       case QuantType::kQ4_K: quantize_q4_k(x, reinterpret_cast<BlockQ4_K*>(y), nb); break;
       case QuantType::kQ6_K: quantize_q6_k(x, reinterpret_cast<BlockQ6_K*>(y), nb); break;
     }
