@@ -28,7 +28,8 @@ from pyengine.engine.requests import load_tokenizer
 from pyengine.layers.cpu_features import cpu_info
 from pyengine.models import LlamaFamilyModel, ModelConfig, model_class
 from pyengine.models.loader import load_tensors
-from pyengine.quant.on_load import QuantPlan
+from pyengine.quant.on_load import LINEAR_SUFFIXES, QuantPlan
+from pyengine.quant.prequantized import PrequantizedSpec, load_prequantized
 from pyengine.runtime.cuda_graphs import DecodeGraphs, check_graph_batch_sizes, default_graph_batch_sizes
 from pyengine.runtime.device import resolve_device
 from pyengine.runtime.kv_capacity import (SKIP_ENV, CpuMemoryProbe, CudaMemoryProbe, KvCapacity, MemoryReading,
@@ -70,6 +71,7 @@ class EngineParts:
     runner: ModelRunner | None = None
     phases: list[tuple[str, float]] = field(default_factory=list)
     quant_plan: QuantPlan | None = None  # the formats quantize-on-load chose, tensor by tensor
+    prequantized: PrequantizedSpec | None = None  # an AWQ / GPTQ checkpoint's quantization_config
 
 
 @contextlib.contextmanager
@@ -98,7 +100,11 @@ def start_engine(**engine_args: Any) -> EngineParts:
             parts.quant_plan = QuantPlan.create(parts.config.quantization, mc.tie_word_embeddings,
                                                 parts.config.quantize_lm_head)
             convert = parts.quant_plan.convert
-        weights = load_tensors(parts.config.model, names, parts.config.dtype, optional, convert=convert)
+        if parts.prequantized is not None:  # AWQ / GPTQ: repacked, not quantized again
+            weights = load_prequantized(parts.config.model, names, parts.config.dtype, optional, parts.prequantized,
+                                        LINEAR_SUFFIXES)
+        else:
+            weights = load_tensors(parts.config.model, names, parts.config.dtype, optional, convert=convert)
         model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device,
                     exact_fp32=parts.config.exact_fp32)
         if parts.quant_plan is not None:
@@ -140,8 +146,21 @@ def _configure(cfg: EngineConfig) -> EngineParts:
     if not 1 <= max_seq_len <= mc.max_position_embeddings:
         raise ValueError(f"max_seq_len must be in [1, max_position_embeddings={mc.max_position_embeddings}], "
                          f"got {max_seq_len!r}")
-    return EngineParts(config=cfg, model_config=mc, tokenizer=load_tokenizer(cfg.model), device=device,
-                       kv_dtype=kv_dtype, max_seq_len=max_seq_len, graph_sizes=_graph_sizes(cfg, device))
+    prequantized = None
+    if mc.quantization_config is not None:
+        prequantized = PrequantizedSpec.from_config(mc.quantization_config)
+        if cfg.quantization is not None:
+            raise ValueError(f"quantization={cfg.quantization!r}: the checkpoint is already quantized "
+                             f"({prequantized.method}); leave quantization unset")
+        if device.type != "cpu":
+            raise ValueError(f"{prequantized.method} checkpoints run on the CPU only, got device={str(device)!r}")
+        if cfg.dtype != torch.float32:
+            raise ValueError(f"a {prequantized.method} checkpoint computes with float32 activations: dtype must be "
+                             f"'float32', got {cfg.dtype}")
+    parts = EngineParts(config=cfg, model_config=mc, tokenizer=load_tokenizer(cfg.model), device=device,
+                        kv_dtype=kv_dtype, max_seq_len=max_seq_len, graph_sizes=_graph_sizes(cfg, device))
+    parts.prequantized = prequantized
+    return parts
 
 
 def _graph_sizes(cfg: EngineConfig, device: torch.device) -> list[int]:

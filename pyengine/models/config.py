@@ -57,6 +57,8 @@ class ModelConfig:
     sliding_window: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    # config.json's quantization_config (an AWQ / GPTQ checkpoint), as written
+    quantization_config: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
@@ -107,6 +109,7 @@ class ModelConfig:
                 sliding_window=int(sliding) if sliding else None,
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_ids=eos_ids,
+                quantization_config=d.get("quantization_config"),
             )
         except KeyError as e:
             raise ValueError(f"config.json lacks the required field {e.args[0]!r}") from None

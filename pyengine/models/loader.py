@@ -44,10 +44,12 @@ PROGRESS_MIN_ELEMENTS = 500_000_000
 
 def load_tensors(model_dir: str | Path, names: list[str], dtype: torch.dtype,
                  optional: tuple[str, ...] = (),
-                 convert: Callable[[str, torch.Tensor], Any] | None = None) -> dict[str, Any]:
+                 convert: Callable[[str, torch.Tensor], Any] | None = None,
+                 own_memory: bool = False) -> dict[str, Any]:
     """Loads the named tensors converted to `dtype`, then through `convert(name, tensor)` if given
-    (one tensor at a time, so a quantized model never holds all its float weights at once). A
-    missing required name raises ValueError."""
+    (one tensor at a time, so a quantized model never holds all its float weights at once). With
+    `own_memory` every tensor is a copy, never a view of the file's memory map (which would keep
+    the file's pages resident). A missing required name raises ValueError."""
     files = checkpoint_files(model_dir)
     missing = [n for n in names if n not in files and n not in optional]
     if missing:
@@ -68,7 +70,7 @@ def load_tensors(model_dir: str | Path, names: list[str], dtype: torch.dtype,
             with _open(path) as f:
                 for n in wanted:
                     try:
-                        t = f.get_tensor(n).to(dtype)
+                        t = f.get_tensor(n).to(dtype, copy=own_memory)
                     except Exception as e:  # a corrupt file surfaces as one clear error naming it
                         raise _read_error(path, e) from e
                     if convert is not None:

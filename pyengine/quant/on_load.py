@@ -21,9 +21,10 @@ import torch
 from pyengine.quant.formats import QuantFormat, quant_format
 from pyengine.quant.weight import QuantizedWeight
 
-__all__ = ["QuantPlan", "FALLBACK"]
+__all__ = ["QuantPlan", "FALLBACK", "LINEAR_SUFFIXES"]
 
-_LINEAR_SUFFIXES = tuple(f"self_attn.{p}_proj.weight" for p in "qkvo") + tuple(
+#: the names (suffixes) of a decoder layer's linear weights
+LINEAR_SUFFIXES = _LINEAR_SUFFIXES = tuple(f"self_attn.{p}_proj.weight" for p in "qkvo") + tuple(
     f"mlp.{p}_proj.weight" for p in ("gate", "up", "down"))
 _EMBED = "model.embed_tokens.weight"
 _LM_HEAD = "lm_head.weight"
