@@ -36,24 +36,29 @@ inline int32_t hsum_epi32(__m256i v) {
 
 // ---- 32-weight blocks: Q8_0, Q4_0 ----
 
-// A block's dot product with 32 activations: 8 int32 partial sums. vpmaddubsw multiplies
-// unsigned by signed bytes: Q8_0 moves the weights' signs onto x (|w| times +-x); Q4_0 and Q5_0
-// multiply their unsigned levels (0..15, 0..31) as they are, the offset (8, 16; Q4_Z: its zero
-// point) being taken off with ActQ8_32::s8.
-inline __m256i block_dot(const BlockQ8_0& b, __m256i x) {
+// A block's levels unpacked once (and reused for every row of x), then its dot product with 32
+// activations: 8 int32 partial sums. vpmaddubsw multiplies unsigned by signed bytes: Q8_0 moves
+// the weights' signs onto x (|w| times +-x); Q4_0, Q5_0 and Q4_Z multiply their unsigned levels
+// (0..15, 0..31) as they are, the offset (8, 16; Q4_Z: its zero point) being taken off with
+// ActQ8_32::s8.
+struct Levels {
+  __m256i u;  // unsigned levels (Q8_0: |w|)
+  __m256i s;  // Q8_0: the signed levels (their signs go onto x)
+};
+
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+}
+
+inline Levels unpack(const BlockQ8_0& b) {
   const __m256i w = load32(b.qs);
-  const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+  return {_mm256_sign_epi8(w, w), w};
 }
-inline __m256i block_dot(const BlockQ4_0& b, __m256i x) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
-  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(nib, x), _mm256_set1_epi16(1));
-}
+inline Levels unpack(const BlockQ4_0& b) { return {nibbles(b.qs), _mm256_setzero_si256()}; }
+inline Levels unpack(const BlockQ4_Z& b) { return {nibbles(b.qs), _mm256_setzero_si256()}; }
 // Q5_0: the nibbles as Q4_0's, the fifth bits spread to bytes (byte i tests bit i of qh).
-inline __m256i block_dot(const BlockQ5_0& b, __m256i x) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
-  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+inline Levels unpack(const BlockQ5_0& b) {
   uint32_t qh;
   std::memcpy(&qh, b.qh, 4);
   const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(qh)),
@@ -61,13 +66,13 @@ inline __m256i block_dot(const BlockQ5_0& b, __m256i x) {
                                                               0x0101010101010101, 0x0000000000000000));
   const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
   const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-  const __m256i q = _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
+  return {_mm256_or_si256(nibbles(b.qs), _mm256_and_si256(set, _mm256_set1_epi8(0x10))), _mm256_setzero_si256()};
 }
-inline __m256i block_dot(const BlockQ4_Z& b, __m256i x) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
-  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(nib, x), _mm256_set1_epi16(1));
+
+template <typename B>
+inline __m256i block_dot(const Levels& w, __m256i x) {
+  const __m256i xs = std::is_same_v<B, BlockQ8_0> ? _mm256_sign_epi8(x, w.s) : x;
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w.u, xs), _mm256_set1_epi16(1));
 }
 // A block's level offset, in units of ActQ8_32::s8 (8 * d * sum(x levels)).
 constexpr bool has_offset(const BlockQ8_0*) { return false; }
@@ -97,8 +102,9 @@ void tile32(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
   auto step = [&](int32_t b, int p) {
     for (int r = 0; r < R; ++r) {
       const float dw = half_to_float(w[r][b].d);
+      const Levels lv = unpack(w[r][b]);
       for (int m = 0; m < MB; ++m) {
-        const __m256i dot = block_dot(w[r][b], load32(x[m][b].qs));
+        const __m256i dot = block_dot<B>(lv, load32(x[m][b].qs));
         acc[p][m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * x[m][b].d), acc[p][m][r]);
         if (offset) off[m][r] += dw * (offset_units(w[r][b]) * x[m][b].s8);
       }
