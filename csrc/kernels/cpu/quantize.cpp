@@ -101,8 +101,9 @@ void quantize_q4_z(const float* x, BlockQ4_Z* y, int64_t nb) {
 // ---- Q4_K: per sub-block of 32, an asymmetric 4-bit grid (scale, min) chosen by a search ----
 
 // Quantizes n values to levels 0..nmax with x ~= scale * l - min_out, minimizing the squared
-// error weighted by w: the min-max grid first, then nstep + 1 rescaled grids each refit by
-// weighted least squares. Returns scale; L gets the levels.
+// error weighted by w: the min-max grid first, then nstep + 1 rescaled grids (each spanning from
+// the best min so far to the max) refit by weighted least squares. Returns scale; L gets the
+// levels.
 float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L, float* min_out,
                     float rmin, float rdelta, int nstep) {
   float lo = x[0], hi = x[0];
@@ -130,11 +131,12 @@ float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L,
     best += w[i] * (diff * diff);
   }
   uint8_t aux[kQKK];
+  // each candidate grid starts from the best min found so far (as llama.cpp's search does)
   for (int is = 0; is <= nstep; ++is) {
-    iscale = (rmin + rdelta * is + nmax) / (hi - lo);
+    iscale = (rmin + rdelta * is + nmax) / (hi - min);
     float sum_l = 0, sum_l2 = 0, sum_xl = 0;
     for (int i = 0; i < n; ++i) {
-      const int l = std::max(0, std::min(nmax, nearest_int(iscale * (x[i] - lo))));
+      const int l = std::max(0, std::min(nmax, nearest_int(iscale * (x[i] - min))));
       aux[i] = static_cast<uint8_t>(l);
       sum_l += w[i] * l;
       sum_l2 += w[i] * l * l;
