@@ -178,6 +178,42 @@ def test_quantized_gguf_holds_the_blocks_of_quantize_on_load(ckpt, gguf_file, mo
     assert greedy(path) == greedy(model_dir, quantization=fmt)
 
 
+def test_fused_group_of_mixed_types_is_dequantized(ckpt, gguf_file):
+    """q, k and v are fused into one matrix: where the file has v in F32 and q, k in Q8_0 (as
+    llama-quantize leaves rows that fit no block format), q and k are dequantized, exactly."""
+    model_dir = ckpt["llama"]
+    path = gguf_file(model_dir, "q8_0", tensor_types={"blk.0.attn_v.weight": "F32"})
+    header = read_header(path)
+    config = model_config(header)
+    names, optional = LlamaFamilyModel.weight_names(config)
+    ours = load_weights(header, config, names, torch.float32, optional)
+    hf = load_tensors(model_dir, names, torch.float32, optional)
+    p0, p1 = "model.layers.0.self_attn.", "model.layers.1.self_attn."
+    for x in "qk":
+        assert torch.equal(ours[p0 + f"{x}_proj.weight"],
+                           QuantizedWeight.quantize(hf[p0 + f"{x}_proj.weight"], "q8_0").dequantize())
+    assert torch.equal(ours[p0 + "v_proj.weight"], hf[p0 + "v_proj.weight"])
+    assert all(isinstance(ours[p1 + f"{x}_proj.weight"], QuantizedWeight) for x in "qkv")
+    assert len(greedy(path)) == len(PROMPTS)
+
+
+@pytest.mark.parametrize("model_type,outtype", [("qwen2", "q8_0"), ("llama", "q4_k")])
+def test_header_is_what_gguf_reader_reads(ckpt, gguf_file, model_type, outtype):
+    """read_header's shortcuts (tensor table without data views; long arrays in one part or
+    skipped) give what gguf.GGUFReader itself reads."""
+    path = gguf_file(ckpt[model_type], outtype)
+    header, reader = read_header(path), gguf.GGUFReader(str(path))
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert header.array_lengths == {k: len(v) for k, v in fields.items() if isinstance(v, list)}
+    assert header.array_lengths["tokenizer.ggml.tokens"] == 512 > 256  # long enough for the shortcut
+    # all but the long string array, the tokens (the 512 token types come as one part)
+    assert header.metadata == {k: v for k, v in fields.items() if k != "tokenizer.ggml.tokens"}
+    assert len(header.metadata["tokenizer.ggml.token_type"]) == 512
+    assert [(t.name, t.type_id, t.type_name, t.shape, t.offset, t.nbytes) for t in header.tensors.values()] == \
+        [(t.name, int(t.tensor_type), t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)), t.data_offset,
+          int(t.n_bytes)) for t in reader.tensors]
+
+
 # ---- (c) config and (d) tokenizer -----------------------------------------------------------------
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])

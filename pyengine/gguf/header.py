@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,9 +102,11 @@ def _copy_out(reader: Any, path: Path) -> GGUFHeader:
         if key.startswith("GGUF."):
             continue
         if f.types and f.types[0] == gguf.GGUFValueType.ARRAY:
-            lengths[key] = len(f.data)
-            if len(f.data) <= _MAX_ARRAY_KEPT or key in _ALWAYS_KEPT:
+            lengths[key] = int(f.parts[4][0])  # parts: key length, key, type, item type, item count, ...
+            if lengths[key] <= _MAX_ARRAY_KEPT:
                 metadata[key] = _value(f)
+            elif key in _ALWAYS_KEPT and f.types[-1] != gguf.GGUFValueType.STRING:
+                metadata[key] = f.parts[f.data[0]].tolist()  # one part holds them all (_HeaderReader)
         else:
             metadata[key] = _value(f)
     tensors: dict[str, GGUFTensorInfo] = {}
@@ -139,19 +142,35 @@ def _value(f: Any) -> Any:
         return bool(v) if vtype == t.BOOL else v
 
     if f.types[0] == t.ARRAY:
-        if f.types[-1] not in (t.STRING, t.BOOL, t.ARRAY) and len(f.data):
-            return np.concatenate([f.parts[i] for i in f.data]).tolist()
         return [one(f.parts[i], f.types[-1]) for i in f.data]
     return one(f.parts[f.data[0]], f.types[0])
+
+
+def _skip_strings(data: Any, pos: int, count: int) -> int:
+    """The offset just past `count` GGUF strings (u64 length, then the bytes) from `pos`."""
+    size = len(data)
+    for _ in range(count):
+        if pos + 8 > size:
+            raise ValueError("a string array runs past the end of the file")
+        pos += 8 + struct.unpack_from("<Q", data, pos)[0]
+    if pos > size:
+        raise ValueError("a string array runs past the end of the file")
+    return pos
 
 
 _READER_CLASS: Any = None
 
 
 def _reader_class() -> Any:
-    """GGUFReader, made to record the tensor table without building a view of each tensor's
-    data: pyengine reads tensors with plain file reads, and a tensor that runs past the end of
-    the file is reported by name (GGUFReader's own views would fail on it, naming none)."""
+    """GGUFReader with two of its steps replaced (tests/test_gguf.py checks the result against
+    GGUFReader's own):
+
+    - the tensor table is recorded without building a view of each tensor's data: pyengine
+      reads tensors with plain file reads, and a tensor that runs past the end of the file is
+      reported by name (GGUFReader's own views would fail on it, naming none);
+    - an array of more than _MAX_ARRAY_KEPT items (a vocabulary: 150k tokens, 300k merges) is
+      kept as one part (numbers) or skipped over (strings) instead of one numpy view per item,
+      which takes GGUFReader ten times longer than the rest of start-up."""
     global _READER_CLASS
     if _READER_CLASS is not None:
         return _READER_CLASS
@@ -161,7 +180,29 @@ def _reader_class() -> Any:
         raise ImportError("reading GGUF files needs the gguf package: pip install gguf "
                           "(or pip install 'pyengine[gguf]')") from e
 
+    from gguf import GGUFValueType
+
     class _HeaderReader(GGUFReader):
+        def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple:
+            if raw_type != GGUFValueType.ARRAY or self.byte_order != "I":
+                return super()._get_field_parts(orig_offs, raw_type)
+            raw_itype, alen = self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)
+            count, start = int(alen[0]), orig_offs + 12
+            if count <= _MAX_ARRAY_KEPT:
+                return super()._get_field_parts(orig_offs, raw_type)
+            itype = GGUFValueType(int(raw_itype[0]))
+            if itype == GGUFValueType.STRING:
+                end = _skip_strings(self.data, start, count)
+                items = self.data[start:end]
+            elif itype in self.gguf_scalar_to_np:
+                items = self._get(start, self.gguf_scalar_to_np[itype], count)
+                if len(items) != count:
+                    raise ValueError(f"an array of {count} items runs past the end of the file")
+                end = start + int(items.nbytes)
+            else:
+                raise ValueError(f"unsupported array item type {itype.name}")
+            return end - orig_offs, [raw_itype, alen, items], [2], [GGUFValueType.ARRAY, itype]
+
         def _build_tensors(self, start_offs: int, fields: list) -> None:
             table, seen = [], set()
             for f in fields:
