@@ -35,7 +35,7 @@ class GGUFTensorInfo:
     type_name: str            # "Q4_K", "F32", ...; "type <id>" for an id the gguf package does not know
     shape: tuple[int, ...]
     offset: int               # absolute, in bytes from the start of the file
-    nbytes: int | None        # None where the type is unknown (its size is too)
+    nbytes: int | None        # None where the type is unknown, or its rows hold no whole number of blocks
 
 
 @dataclass
@@ -116,7 +116,7 @@ def _copy_out(reader: Any, path: Path) -> GGUFHeader:
             type_name = qtype.name
             block, type_size = gguf.GGML_QUANT_SIZES[qtype]
             n = math.prod(ne)
-            nbytes = n // block * type_size if n % block == 0 else None
+            nbytes = n // block * type_size if ne and ne[0] % block == 0 else None  # blocks run along a row
         except (ValueError, KeyError):
             type_name, nbytes = f"type {type_id}", None
         tensors[name] = GGUFTensorInfo(name=name, type_id=type_id, type_name=type_name, shape=tuple(reversed(ne)),
