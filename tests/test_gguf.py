@@ -34,7 +34,7 @@ from pyengine.testing.gguf_export import export_gguf, permute_qk  # noqa: E402
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2, num_layers=2)
 PROMPTS: list[Any] = [[5, 9, 44, 71, 100, 3, 8], list(range(10, 70)), "The lighthouse keeper wrote"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-SUPPORTED = "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K"
+SUPPORTED = "F32, F16, BF16, Q8_0, Q5_0, Q4_0, Q4_K, Q6_K"
 
 
 def make_engine(model: Path, **kw: Any) -> Engine:
@@ -50,9 +50,12 @@ def greedy(model: Path, prompts: list[Any] = PROMPTS, params: SamplingParams = G
 
 @pytest.fixture(scope="module")
 def ckpt(checkpoint_factory):
-    """The tiny checkpoints: llama (GQA), qwen2 (q/k/v biases), qwen3 (q/k norms, tied embeddings)."""
+    """The tiny checkpoints: llama (GQA), qwen2 (q/k/v biases), qwen3 (q/k norms, tied embeddings);
+    llama_ffn640: down_proj's rows of 640 do not hold Q4_K's blocks of 256 (Q5_0 instead)."""
     return {
         "llama": checkpoint_factory("gguf_llama", model_type="llama", **SHAPE),
+        "llama_ffn640": checkpoint_factory("gguf_llama_ffn640", model_type="llama", **{**SHAPE,
+                                                                                      "intermediate_size": 640}),
         "qwen2": checkpoint_factory("gguf_qwen2", model_type="qwen2", **SHAPE),
         "qwen3": checkpoint_factory("gguf_qwen3", model_type="qwen3", tie_word_embeddings=True, **SHAPE),
     }
@@ -152,9 +155,14 @@ def test_unpermute_undoes_the_converters_permutation():
 
 # ---- (b) quantized files: the blocks and tokens of quantize-on-load ------------------------------
 
-@pytest.mark.parametrize("model_type,fmt", [("llama", "q8_0"), ("llama", "q4_0"), ("llama", "q4_k"),
-                                            ("qwen3", "q4_k")])
-def test_quantized_gguf_holds_the_blocks_of_quantize_on_load(ckpt, gguf_file, model_type, fmt):
+@pytest.mark.parametrize("model_type,fmt,formats", [
+    ("llama", "q8_0", {"q8_0"}),
+    ("llama", "q4_0", {"q4_0", "q6_k"}),            # the output projection takes Q6_K
+    ("llama", "q4_k", {"q4_k", "q6_k"}),
+    ("qwen3", "q4_k", {"q4_k", "q6_k"}),            # tied: the embedding table is the output, Q6_K
+    ("llama_ffn640", "q4_k", {"q4_k", "q5_0", "q6_k"}),  # llama.cpp's fallback for rows of 640
+])
+def test_quantized_gguf_holds_the_blocks_of_quantize_on_load(ckpt, gguf_file, model_type, fmt, formats):
     """Every tensor loads byte for byte as Engine(hf_dir, quantization=fmt) quantizes it (llama's
     q/k rows un-permuted inside their blocks), and the greedy tokens are the same."""
     model_dir = ckpt[model_type]
@@ -166,15 +174,15 @@ def test_quantized_gguf_holds_the_blocks_of_quantize_on_load(ckpt, gguf_file, mo
     plan = QuantPlan.create(fmt, config.tie_word_embeddings)
     theirs = load_tensors(model_dir, names, torch.float32, optional, convert=plan.convert)
     assert ours.keys() == theirs.keys()
-    formats = set()
+    seen = set()
     for name, w in theirs.items():
         if isinstance(w, QuantizedWeight):
             assert isinstance(ours[name], QuantizedWeight) and ours[name].formats == w.formats, name
             assert all(torch.equal(a, b) for (_, a), (_, b) in zip(ours[name].parts, w.parts)), name
-            formats.update(w.formats)
+            seen.update(w.formats)
         else:
             assert torch.equal(ours[name], w), name
-    assert formats == ({"q8_0"} if fmt == "q8_0" else {fmt, "q6_k"})  # the output projection takes Q6_K
+    assert seen == formats
     assert greedy(path) == greedy(model_dir, quantization=fmt)
 
 
@@ -194,7 +202,10 @@ def test_fused_group_of_mixed_types_is_dequantized(ckpt, gguf_file):
                            QuantizedWeight.quantize(hf[p0 + f"{x}_proj.weight"], "q8_0").dequantize())
     assert torch.equal(ours[p0 + "v_proj.weight"], hf[p0 + "v_proj.weight"])
     assert all(isinstance(ours[p1 + f"{x}_proj.weight"], QuantizedWeight) for x in "qkv")
-    assert len(greedy(path)) == len(PROMPTS)
+    with make_engine(path) as engine:  # linears partly float: no one-call decode, the layers one by one
+        assert engine._runner.model.partly_quantized and engine._runner.cpu_decode is None
+        outs = engine.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [len(o.token_ids) for o in outs] == [GREEDY.max_tokens] * len(PROMPTS)
 
 
 @pytest.mark.parametrize("model_type,outtype", [("qwen2", "q8_0"), ("llama", "q4_k")])
@@ -287,9 +298,9 @@ def test_chat_template_comes_from_the_file_not_its_neighbours(ckpt, tmp_path):
 # ---- (e) what is refused, and damaged files ---------------------------------------------------------
 
 def test_unsupported_tensor_type_is_named(ckpt, gguf_file):
-    path = gguf_file(ckpt["llama"], "q8_0", tensor_types={"blk.1.ffn_down.weight": "Q5_0"})
+    path = gguf_file(ckpt["llama"], "q8_0", tensor_types={"blk.1.ffn_down.weight": "Q5_1"})
     message = startup_error(path, "weights")
-    assert (f"GGUF file {str(path)!r}: tensor 'blk.1.ffn_down.weight' has type Q5_0, which pyengine does not "
+    assert (f"GGUF file {str(path)!r}: tensor 'blk.1.ffn_down.weight' has type Q5_1, which pyengine does not "
             f"read; supported: {SUPPORTED}") in message
 
 

@@ -188,7 +188,8 @@ def _check_gguf_args(cfg: EngineConfig, header: gguf.GGUFHeader, device: torch.d
         raise ValueError(f"quantization={cfg.quantization!r} does not apply to a GGUF file ({path!r}): its tensors "
                          "load as the file stores them, quantized or float; quantize with llama.cpp's llama-quantize, "
                          "or load the Hugging Face checkpoint with quantization=")
-    quantized = sorted({t.type_name for t in header.tensors.values() if t.type_name in gguf.QUANT_TYPES})
+    blocks = gguf.quant_types()
+    quantized = sorted({t.type_name for t in header.tensors.values() if t.type_name in blocks})
     if quantized and cfg.dtype != torch.float32:
         raise ValueError(f"GGUF file {path!r} holds quantized tensors ({', '.join(quantized)}), which compute with "
                          f"float32 activations: dtype must be 'float32', got {cfg.dtype}")

@@ -10,7 +10,7 @@
 from pyengine.gguf.config import SUPPORTED_ARCHITECTURES, model_config
 from pyengine.gguf.header import GGUFHeader, GGUFTensorInfo, read_header
 from pyengine.gguf.tokenizer import load_tokenizer
-from pyengine.gguf.weights import QUANT_TYPES, SUPPORTED_TYPES, gguf_name, load_weights
+from pyengine.gguf.weights import gguf_name, load_weights, quant_types, supported_types
 
-__all__ = ["QUANT_TYPES", "SUPPORTED_ARCHITECTURES", "SUPPORTED_TYPES", "GGUFHeader", "GGUFTensorInfo", "gguf_name",
-           "load_tokenizer", "load_weights", "model_config", "read_header"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "GGUFHeader", "GGUFTensorInfo", "gguf_name", "load_tokenizer", "load_weights",
+           "model_config", "quant_types", "read_header", "supported_types"]

@@ -2,9 +2,10 @@
 
 - Names: llama.cpp's (token_embd, blk.N.attn_q, ...) <-> Hugging Face's (model.embed_tokens,
   model.layers.N.self_attn.q_proj, ...).
-- Types: F32, F16 and BF16 become float tensors of the model's dtype; Q8_0, Q4_0, Q4_K and Q6_K
-  are kept as they are, as `QuantizedWeight`s (the same blocks, byte for byte). Any other type
-  is refused, naming the tensor and the type.
+- Types: F32, F16 and BF16 become float tensors of the model's dtype; the GGML block types
+  pyengine computes with (`quant_types()`: Q8_0, Q5_0, Q4_0, Q4_K, Q6_K) are kept as they are,
+  as `QuantizedWeight`s (the same blocks, byte for byte). Any other type is refused, naming the
+  tensor and the type.
 - Rows: for the llama architecture, llama.cpp's converter reorders the rows of attn_q and attn_k
   within each head (`LlamaModel.permute` in convert_hf_to_gguf.py: rows 0, d/2, 1, d/2+1, ...,
   so that RoPE can rotate adjacent pairs). pyengine rotates the two halves of a head, as
@@ -25,16 +26,32 @@ import torch
 
 from pyengine.gguf.header import GGUFHeader, GGUFTensorInfo
 from pyengine.models.config import ModelConfig
-from pyengine.quant import QuantizedWeight, quant_format
+from pyengine.quant import QUANT_FORMATS, QuantFormat, QuantizedWeight
 
-__all__ = ["FLOAT_TYPES", "QUANT_TYPES", "SUPPORTED_TYPES", "gguf_name", "load_weights", "read_float_tensor",
+__all__ = ["FLOAT_TYPES", "gguf_name", "load_weights", "quant_types", "read_float_tensor", "supported_types",
            "unpermute_rows"]
 
 logger = logging.getLogger(__name__)
 
 FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-QUANT_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q6_K")
-SUPPORTED_TYPES = tuple(FLOAT_TYPES) + QUANT_TYPES
+
+
+def quant_types() -> dict[str, QuantFormat]:
+    """GGML type name -> pyengine's format, for each block format pyengine computes with that is
+    a GGML type (the same name and type id; not pyengine's own Q4_Z)."""
+    import gguf
+
+    out = {}
+    for f in QUANT_FORMATS.values():
+        t = getattr(gguf.GGMLQuantizationType, f.name.upper(), None)
+        if t is not None and int(t) == f.type_id:
+            out[t.name] = f
+    return out
+
+
+def supported_types() -> tuple[str, ...]:
+    """The tensor types pyengine reads from a GGUF file."""
+    return tuple(FLOAT_TYPES) + tuple(quant_types())
 
 _GLOBAL_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -100,13 +117,13 @@ def _expected_shape(hf_name: str, c: ModelConfig) -> tuple[int, ...]:
 def _check(header: GGUFHeader, info: GGUFTensorInfo, expected: tuple[int, ...] | None, matrix: bool) -> None:
     """ValueError naming the tensor if pyengine cannot take it as it is in the file."""
     where = f"GGUF file {str(header.path)!r}: tensor {info.name!r}"
-    if info.type_name not in SUPPORTED_TYPES:
+    if info.type_name not in supported_types():
         raise ValueError(f"{where} has type {info.type_name}, which pyengine does not read; supported: "
-                         f"{', '.join(SUPPORTED_TYPES)}")
+                         f"{', '.join(supported_types())}")
     if expected is not None and info.shape != expected:
         raise ValueError(f"{where} has shape {list(info.shape)} (rows first), expected {list(expected)} from the "
                          "file's metadata")
-    if info.type_name in QUANT_TYPES and not (matrix and len(info.shape) == 2):
+    if info.type_name in quant_types() and not (matrix and len(info.shape) == 2):
         raise ValueError(f"{where} is {info.type_name}; pyengine needs it in float (F32, F16 or BF16)")
     if info.nbytes is None:
         raise ValueError(f"{where}: rows of {info.shape[-1]} weights do not hold whole {info.type_name} blocks")
@@ -175,6 +192,7 @@ def load_weights(header: GGUFHeader, config: ModelConfig, names: list[str], dtyp
         _check(header, info, _expected_shape(hf, config), matrix=hf.endswith(_MATRICES))
 
     permute = config.model_type == "llama"  # llama.cpp permutes q/k for its "llama" architecture only
+    blocks = quant_types()
     out: dict[str, torch.Tensor | QuantizedWeight] = {}
     with open(header.path, "rb", buffering=0) as f:
         for hf, info in wanted:
@@ -182,11 +200,11 @@ def load_weights(header: GGUFHeader, config: ModelConfig, names: list[str], dtyp
                 buf = _read_bytes(f, info)
             except ValueError as e:
                 raise ValueError(f"GGUF file {path!r}: {e}") from None
-            quantized = info.type_name in QUANT_TYPES
+            quantized = info.type_name in blocks
             t = buf.view(info.shape[0], -1) if quantized else _as_float(buf, info, dtype)
             if permute and (".self_attn.q_proj." in hf or ".self_attn.k_proj." in hf):
                 t = t[unpermute_rows(info.shape[0], config.head_dim)]
-            out[hf] = QuantizedWeight.from_blocks(quant_format(info.type_id), t, info.shape) if quantized else t
+            out[hf] = QuantizedWeight.from_blocks(blocks[info.type_name], t, info.shape) if quantized else t
     _unmix_fused_groups(out, config)
     logger.info("GGUF %s: %d tensors (%s)", path, len(wanted),
                 ", ".join(f"{n} {t}" for t, n in Counter(i.type_name for _, i in wanted).most_common()))
