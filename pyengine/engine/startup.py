@@ -1,8 +1,9 @@
 """Start-up: the engine is assembled in phases, each timed, and a failure in any of them raises
 StartupError naming the phase, with nothing left behind.
 
-    config       EngineConfig checked against the model's config.json; device; tokenizer
-    weights      safetensors -> the model's tensors on the device
+    config       EngineConfig checked against the model's config.json (or a GGUF file's metadata);
+                 device; tokenizer
+    weights      safetensors (or the GGUF file's tensors) -> the model's tensors on the device
     kv_capacity  the two-pass measurement: a small cache, a worst-case dummy batch, its memory
                  peak -> the pool size (pyengine/runtime/kv_capacity.py has the formula)
     scheduler    the C++ batch manager with the real pool size, and the sampler
@@ -21,12 +22,14 @@ from typing import Any, Iterator
 
 import torch
 
+from pyengine import gguf
 from pyengine.config import EngineConfig
 from pyengine.core import CoreBatchManager
 from pyengine.dtypes import KV_CACHE_DTYPES
 from pyengine.engine.requests import load_tokenizer
 from pyengine.layers.cpu_features import cpu_info
 from pyengine.models import LlamaFamilyModel, ModelConfig, model_class
+from pyengine.models.config import check_model_dir
 from pyengine.models.loader import load_tensors
 from pyengine.quant.on_load import LINEAR_SUFFIXES, QuantPlan
 from pyengine.quant.prequantized import PrequantizedSpec, load_prequantized
@@ -72,6 +75,7 @@ class EngineParts:
     phases: list[tuple[str, float]] = field(default_factory=list)
     quant_plan: QuantPlan | None = None  # the formats quantize-on-load chose, tensor by tensor
     prequantized: PrequantizedSpec | None = None  # an AWQ / GPTQ checkpoint's quantization_config
+    gguf_header: gguf.GGUFHeader | None = None  # a GGUF file's tensor table, until the weights are read
 
 
 @contextlib.contextmanager
@@ -100,7 +104,10 @@ def start_engine(**engine_args: Any) -> EngineParts:
             parts.quant_plan = QuantPlan.create(parts.config.quantization, mc.tie_word_embeddings,
                                                 parts.config.quantize_lm_head)
             convert = parts.quant_plan.convert
-        if parts.prequantized is not None:  # AWQ / GPTQ: repacked, not quantized again
+        if parts.gguf_header is not None:
+            weights = gguf.load_weights(parts.gguf_header, mc, names, parts.config.dtype, optional)
+            parts.gguf_header = None
+        elif parts.prequantized is not None:  # AWQ / GPTQ: repacked, not quantized again
             weights = load_prequantized(parts.config.model, names, parts.config.dtype, optional, parts.prequantized,
                                         LINEAR_SUFFIXES)
         else:
@@ -141,7 +148,14 @@ def _configure(cfg: EngineConfig) -> EngineParts:
             raise ValueError("KvCacheConfig.dtype='float8_e4m3' needs a bfloat16 or float16 model, got dtype=float32")
     if cfg.quantization is not None and device.type != "cpu":
         raise ValueError(f"quantization={cfg.quantization!r} runs on the CPU only, got device={str(device)!r}")
-    mc = ModelConfig.from_model_dir(cfg.model)
+    header = tokenizer = None
+    if check_model_dir(cfg.model).is_file():  # a GGUF file
+        header = gguf.read_header(cfg.model)
+        mc = gguf.model_config(header)
+        _check_gguf_args(cfg, header, device)
+        tokenizer = gguf.load_tokenizer(header)
+    else:
+        mc = ModelConfig.from_model_dir(cfg.model)
     max_seq_len = mc.max_position_embeddings if cfg.max_seq_len is None else cfg.max_seq_len
     if not 1 <= max_seq_len <= mc.max_position_embeddings:
         raise ValueError(f"max_seq_len must be in [1, max_position_embeddings={mc.max_position_embeddings}], "
@@ -157,10 +171,31 @@ def _configure(cfg: EngineConfig) -> EngineParts:
         if cfg.dtype != torch.float32:
             raise ValueError(f"a {prequantized.method} checkpoint computes with float32 activations: dtype must be "
                              f"'float32', got {cfg.dtype}")
-    parts = EngineParts(config=cfg, model_config=mc, tokenizer=load_tokenizer(cfg.model), device=device,
-                        kv_dtype=kv_dtype, max_seq_len=max_seq_len, graph_sizes=_graph_sizes(cfg, device))
+    if header is None:
+        tokenizer = load_tokenizer(cfg.model)
+    parts = EngineParts(config=cfg, model_config=mc, tokenizer=tokenizer, device=device,
+                        kv_dtype=kv_dtype, max_seq_len=max_seq_len, graph_sizes=_graph_sizes(cfg, device),
+                        gguf_header=header)
     parts.prequantized = prequantized
     return parts
+
+
+def _check_gguf_args(cfg: EngineConfig, header: gguf.GGUFHeader, device: torch.device) -> None:
+    """Engine arguments that a GGUF file rules out: quantization= (the file's tensors load as it
+    stores them), and for quantized tensors a dtype other than float32 or a device other than the CPU."""
+    path = str(header.path)
+    if cfg.quantization is not None:
+        raise ValueError(f"quantization={cfg.quantization!r} does not apply to a GGUF file ({path!r}): its tensors "
+                         "load as the file stores them, quantized or float; quantize with llama.cpp's llama-quantize, "
+                         "or load the Hugging Face checkpoint with quantization=")
+    blocks = gguf.quant_types()
+    quantized = sorted({t.type_name for t in header.tensors.values() if t.type_name in blocks})
+    if quantized and cfg.dtype != torch.float32:
+        raise ValueError(f"GGUF file {path!r} holds quantized tensors ({', '.join(quantized)}), which compute with "
+                         f"float32 activations: dtype must be 'float32', got {cfg.dtype}")
+    if quantized and device.type != "cpu":
+        raise ValueError(f"GGUF file {path!r} holds quantized tensors ({', '.join(quantized)}), which run on the "
+                         f"CPU only, got device={str(device)!r}")
 
 
 def _graph_sizes(cfg: EngineConfig, device: torch.device) -> list[int]:

@@ -21,6 +21,10 @@ def rope_inv_freq(config: "ModelConfig") -> torch.Tensor:
     s = config.rope_scaling
     if s is None:
         return inv_freq
+    if "freq_factors" in s:
+        # The same scaling as llama.cpp stores it in a GGUF file (rope_freqs.weight): each frequency
+        # divided by its factor (equal to the form below up to float rounding).
+        return inv_freq / torch.tensor(s["freq_factors"], dtype=torch.float32)
     # Llama 3.1 frequency scaling: long wavelengths divided by `factor`, a smooth ramp between.
     factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
     old_len = float(s.get("original_max_position_embeddings", config.max_position_embeddings))

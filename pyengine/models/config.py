@@ -16,25 +16,32 @@ _CHECKPOINT_FILE = re.compile(r"config\.json|.*\.safetensors|model\.safetensors\
 
 
 def check_model_dir(model_dir: str | Path) -> Path:
-    """Returns `model_dir` as a Path if it is an existing directory; otherwise raises
-    FileNotFoundError (nothing there; pyengine loads local directories only, never from the
-    Hugging Face Hub) or NotADirectoryError (a file), saying which."""
+    """Returns `model_dir` as a Path if it is an existing directory or an existing GGUF file
+    (a name ending in .gguf); otherwise raises FileNotFoundError (nothing there; pyengine loads
+    local models only, never from the Hugging Face Hub) or NotADirectoryError (another file),
+    saying which."""
     path = Path(model_dir)
     if path.is_dir():
+        return path
+    is_gguf = path.suffix.lower() == ".gguf"
+    if is_gguf and path.is_file():
         return path
     if path.exists():
         hint = ""
         if _CHECKPOINT_FILE.fullmatch(path.name):
             hint = f" (the directory that holds it is {str(path.parent)!r})"
         raise NotADirectoryError(f"model path {str(model_dir)!r} is a file, not a directory: pass the model "
-                                 f"directory, the one that holds config.json and the *.safetensors files{hint}")
+                                 f"directory, the one that holds config.json and the *.safetensors files{hint}, "
+                                 "or a GGUF file (*.gguf)")
+    if is_gguf:
+        raise FileNotFoundError(f"GGUF file {str(model_dir)!r} does not exist")
     if _HUB_ID.fullmatch(str(model_dir)):
         raise FileNotFoundError(
             f"model directory {str(model_dir)!r} does not exist: pyengine loads models from local directories "
             "only and does not download from the Hugging Face Hub; if this is a Hub id, download it first "
             f"(e.g. `hf download {model_dir} --local-dir DIR`) and pass DIR")
     raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist (pyengine loads models from a "
-                            "local directory: config.json, *.safetensors, tokenizer files)")
+                            "local directory: config.json, *.safetensors, tokenizer files; or from a GGUF file)")
 
 
 @dataclass
@@ -50,7 +57,10 @@ class ModelConfig:
     rms_norm_eps: float
     max_position_embeddings: int
     rope_theta: float
-    rope_scaling: dict[str, Any] | None = None   # rope parameters when rope_type != "default"
+    # Llama 3 RoPE scaling when rope_type != "default": config.json's parameters (factor, low_freq_factor,
+    # high_freq_factor, original_max_position_embeddings) or, from a GGUF file, freq_factors (one
+    # divisor per frequency)
+    rope_scaling: dict[str, Any] | None = None
     tie_word_embeddings: bool = False
     attention_bias: bool = False                  # q/k/v projections carry a bias (Qwen2)
     qk_norm: bool = False                         # RMSNorm on q and k per head (Qwen3)
@@ -116,7 +126,11 @@ class ModelConfig:
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> "ModelConfig":
-        check_model_dir(model_dir)
+        """The config of a Hugging Face model directory (its config.json), or of a GGUF file (its
+        metadata)."""
+        if check_model_dir(model_dir).is_file():
+            from pyengine.gguf import model_config, read_header
+            return model_config(read_header(model_dir))
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no config.json in model directory {str(model_dir)!r}: a model directory holds "

@@ -122,6 +122,10 @@ class LlamaFamilyModel:
             or isinstance(self.lm_head, QuantizedWeight) or isinstance(self.embed, QuantizedWeight)
         if self.quantized and dtype != torch.float32:
             raise ValueError(f"quantized weights compute with float32 activations: dtype must be float32, got {dtype}")
+        # some linear layers float in a quantized model (rows that fit no block format; a GGUF file
+        # that stores them so): the one-call decode path, which takes them all quantized, is not used
+        self.partly_quantized = self.quantized and not all(
+            isinstance(layer[n], QuantizedWeight) for layer in self.layers for n in ("qkv", "o", "gate_up", "down"))
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed, QuantizedWeight):

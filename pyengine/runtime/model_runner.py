@@ -91,7 +91,7 @@ class ModelRunner:
         # without bf16 matmul; fp32 unless exact_fp32), all layers of a small batch run in one C++
         # call, bound to this KV pool.
         self.cpu_decode = None
-        if model.emulate_bf16 or model.fast_fp32 or model.quantized:
+        if (model.emulate_bf16 or model.fast_fp32 or model.quantized) and not model.partly_quantized:
             self.cpu_decode = CpuDecodeLayers(model, self.kv_caches, bm.max_blocks_per_seq)
         if self.is_cuda:
             self._init_cuda(c)
