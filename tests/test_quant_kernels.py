@@ -193,3 +193,42 @@ def test_from_blocks_checks_the_byte_count():
     assert q.shape == (8, 64) and q.nbytes == 288
     with pytest.raises(ValueError, match=r"q4_0 weights of shape \(8, 96\): expected 432 uint8 bytes, got 288"):
         QuantizedWeight.from_blocks("q4_0", data, (8, 96))
+
+
+# Two rows of 256 weights (an integer formula, exact in fp32 on every CPU) quantized by
+# llama.cpp's own llama-quantize (the llama.cpp vendored in llama-cpp-python 0.3.36, file type
+# Q4_K_M, no importance matrix): the Q6_K bytes of a v projection and the Q4_K bytes of a gate
+# projection holding these rows.
+def _golden_rows() -> torch.Tensor:
+    i = np.arange(256, dtype=np.int64)
+    rows = []
+    for r in range(2):
+        v = ((i * 7919 + r * 104729) % 1000 - 500).astype(np.float32) / np.float32(500) * np.float32(0.02)
+        rows.append(v + np.where((i // 32) % 3 == 0, np.float32(0.004), np.float32(0)).astype(np.float32))
+    return torch.from_numpy(np.stack(rows))
+
+
+LLAMA_QUANTIZE_Q6_K = (
+    "47f2a75bf0a5590eb3671cb16510b56a1fc4781dc1661aee9330e5993ee2873baae5300b4691da2560bbf6418cd7126d"
+    "2a6fb2084d92e82d72b80d52085d91e6d82d62b7fc41175ca1e63b71c60b5095d6210b4691db2661acf7328dc7025d38"
+    "8ed2378de2379ce2479cf2076cb0166bc01b65c01b65b01b65b00d57a20d57a2b7a4e42011111d5d4e4a4abbb7b4e4e0"
+    "2c1d1151424646b6bbb8e8ec2c1d11111d21626266b7878bc8c8dc1d1d2162626db98888c4c7d71312126e6d6db9b888"
+    "888270976e688387946e966983809a926100dc2186db3085ea0f54b90065ba1f64c90eb3681cb16610b5691ec3782cd1"
+    "863b1964aef9348fca145faae5300b4690db0752acf7419ce6318b0550aff9449ed9d7116c2661bff9449ed9236eb803"
+    "4d0864affa3570ca05509be5200b4690dc17620db7520ca7510cd6812fda842fd974f247acf2075cb0156bc0157bd025"
+    "8bd010212d2d7e7a7a8a878794d41020212d5d4e4a4abbb7b4e4e020111d1d4e4a4aadb9784844070713d2d2eeadadb9"
+    "784888cbcbdf1f1e22626165b58488c8cbdf8f896e66996f838d676c67968580689b6000")
+LLAMA_QUANTIZE_Q4_K = (
+    "ab02170dfffffcfff3fffff1efde1fac605e4d2c1a09e8d7c5a49382705f4d3c2b0af8d7c6b5a382716f5e3d2b1af9e8"
+    "3d2c1bf9e8c7b5a49371605f4e2c1b0ae8d7c6a49382705f4e3d2b0af9d7c6b50af8d7c6b5a382716f5e3d2b1af9e7d6"
+    "b5a49281605e4d2c1a09e8d7c5b49382d7c5b49382705f4d3c1b0af8e7c6b5a382716f4e3d2b0af9e8d6b5a49371605e"
+    "ad02160dfbfefffef0fffff1ef9b0fcb2c1af9e8d6b5a49281605f4d2c1b09e8d7c5b49381705f4e3d2b0af9e7c6b5a3"
+    "f8d7c6b5a382716f5e3d2b1af9e7d6b5a49281605e4d2c1a09e8d7c5b4938270c5a49382605f4d2c1b0af8e7c6b4a382"
+    "716f4e3c2b0af9e7d6b5a49271605e3d9281605e4d2c1a09f8e7c5b4a382706f4d3c2b09f8e7d6b4a392716f5e3c2b1a")
+
+
+@pytest.mark.parametrize("fmt,expected", [("q6_k", LLAMA_QUANTIZE_Q6_K), ("q4_k", LLAMA_QUANTIZE_Q4_K)])
+def test_k_quants_equal_llama_quantize_bit_for_bit(fmt, expected):
+    """Q4_K's and Q6_K's scale searches reproduce llama.cpp's reference quantizers exactly."""
+    q = QuantizedWeight.quantize(_golden_rows(), fmt)
+    assert q.parts[0][1].numpy().tobytes().hex() == expected
