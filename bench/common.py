@@ -61,10 +61,14 @@ def _import_checkpoints():
 
 checkpoints = _import_checkpoints()
 SMOLLM_135M_SHAPE = checkpoints.SMOLLM_135M_SHAPE
+QWEN3_06B_SHAPE = checkpoints.QWEN3_06B_SHAPE
 cached_checkpoint = checkpoints.cached_checkpoint
 
 SMOLLM_NAME = "smollm-135m-shape"
 SMOLLM_VOCAB = SMOLLM_135M_SHAPE["vocab_size"]
+QWEN3_NAME = "qwen3-0.6b-shape"
+#: The benchmark models by name (bench/README.md, "The models"): their builder arguments.
+BENCH_MODELS = {SMOLLM_NAME: SMOLLM_135M_SHAPE, QWEN3_NAME: QWEN3_06B_SHAPE}
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -136,6 +140,15 @@ def smollm_checkpoint(root: Path | str | None = None) -> Path:
     ``~/.cache/pyengine/checkpoints``) and reused. Both dtypes load it: bf16 runs convert
     at load time."""
     return cached_checkpoint(SMOLLM_NAME, SMOLLM_135M_SHAPE, root=root)
+
+
+def bench_checkpoint(name: str, root: Path | str | None = None) -> Path:
+    """The benchmark model ``name`` (a key of BENCH_MODELS), built once into the checkpoint
+    cache (as ``smollm_checkpoint``) and reused: ``qwen3-0.6b-shape`` is saved in bf16
+    (1.2 GB; about a minute to build on 2 cores)."""
+    if name not in BENCH_MODELS:
+        raise ValueError(f"unknown benchmark model {name!r}; one of {', '.join(BENCH_MODELS)}")
+    return cached_checkpoint(name, BENCH_MODELS[name], root=root)
 
 
 # --------------------------------------------------------------------------------------

@@ -1,19 +1,30 @@
 """pyengine and llama.cpp side by side, on the same machine, in the same run.
 
 Builds llama.cpp (the tree vendored in the llama-cpp-python sdist, for this CPU), converts
-the benchmark model (smollm-135m-shape) to GGUF in f32 and bf16, and measures, per dtype,
-with the same thread count, alternating llama.cpp and pyengine runs (median of --repeats):
+the benchmark model (--model: smollm-135m-shape, or qwen3-0.6b-shape) to GGUF in f32 and
+bf16 and quantizes the f32 file with llama-quantize (Q8_0, Q4_0, Q4_K_M), and measures, per
+dtype or format, with the same thread count, alternating llama.cpp and pyengine runs (median
+of --repeats):
 
 - pp:      prompt tokens/s of one 128-token prompt    (llama-bench -p 128 -n 0;
-           pyengine: 128 / time to first token of one request with max_tokens=1)
+           pyengine: 128 / time to first token of one request with max_tokens=1;
+           qwen3-0.6b-shape: 512 tokens, --pp to change)
 - tg:      batch-1 decode tokens/s, 128 tokens        (llama-bench -p 0 -n 128;
            pyengine: W2's decode rate, 127 tokens after the first, 128-token prompt)
 - batched: 64 sequences x (128 prompt + 128 generated) (llama-batched-bench -npp 128
            -ntg 128 -npl 64; pyengine: 64 requests through Engine.generate), total and
            generated tokens/s over the whole run's wall time
+- memory:  pyengine's resident memory after loading (a fresh process each; bench/memory.py)
+           and llama.cpp's peak RSS (llama-bench -p 0 -n 1), next to the weights' bytes
+
+Quantized formats (--dtypes q8_0,q4_0,q4_k): pyengine quantizes the checkpoint at load
+(Engine(..., dtype="float32", quantization=fmt)); llama.cpp runs the f32 GGUF quantized by
+llama-quantize to Q8_0, Q4_0 and Q4_K_M. The tensor types of each side are printed.
 
     python bench/llamacpp.py --quick        # pp/tg 64, 16 sequences, 1 repeat: a few minutes
     python bench/llamacpp.py                # fp32 and bf16, 3 repeats
+    python bench/llamacpp.py --dtypes q8_0,q4_0,q4_k
+    python bench/llamacpp.py --model qwen3-0.6b-shape --dtypes float32,bfloat16,q8_0,q4_0,q4_k
     python bench/llamacpp.py --dtypes bfloat16 --repeats 5 --json out.json
 
 The build and the GGUF files are cached (--cache-dir, $PYENGINE_LLAMACPP_CACHE, else
@@ -37,15 +48,25 @@ if __package__ in (None, ""):  # run as a script: make `bench.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import llamacpp_build  # noqa: E402
-from bench.common import (BENCH_THREADS, RunResult, machine_info, median, quiet_transformers,  # noqa: E402
-                          set_threads, smollm_checkpoint, w1_requests, w2_request)
+from bench.common import (BENCH_MODELS, BENCH_THREADS, RunResult, bench_checkpoint, machine_info,  # noqa: E402
+                          median, quiet_transformers, set_threads, w1_requests, w2_request)
 
-GGUF_TYPE = {"float32": "f32", "bfloat16": "bf16"}
-# llama.cpp's KV cache type, as pyengine's (the model's dtype) where the tool allows it: llama-bench has
-# no f32 cache, so its fp32 runs keep its default f16 (one sequence of <= 256 tokens: a few MB of KV).
-KV_TYPE = {"float32": {"bench": "f16", "batched": "f32"}, "bfloat16": {"bench": "bf16", "batched": "bf16"}}
+# The dtypes and quantized formats compared: the GGUF file llama.cpp runs for each ...
+GGUF_TYPE = {"float32": "f32", "bfloat16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m"}
+QUANTIZED = ("q8_0", "q4_0", "q4_k")  # pyengine: Engine(..., dtype="float32", quantization=fmt)
+# ... and llama.cpp's KV cache type: as pyengine's (the model's dtype) where the tool allows it:
+# llama-bench has no f32 cache, so its fp32 runs keep its default f16 (one sequence of <= 640 tokens:
+# a few MB of KV). Quantized formats keep llama.cpp's default f16 in both tools (pyengine's is float32).
+KV_TYPE = {"float32": {"bench": "f16", "batched": "f32"}, "bfloat16": {"bench": "bf16", "batched": "bf16"},
+           **{q: {"bench": "f16", "batched": "f16"} for q in QUANTIZED}}
 DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float32": "float32",
-                 "bf16": "bfloat16", "bfloat16": "bfloat16"}
+                 "bf16": "bfloat16", "bfloat16": "bfloat16",
+                 "q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k", "q4_k_m": "q4_k"}
+
+
+def pyengine_dtype(name: str) -> tuple[str, str | None]:
+    """(Engine dtype, quantization) of a dtype or format name of --dtypes."""
+    return ("float32", name) if name in QUANTIZED else (name, None)
 FIGURES = [  # (key, label); ratio = pyengine / llama.cpp, higher is better for pyengine
     ("pp", "pp{pp}: prompt tok/s (1 sequence)"),
     ("tg", "tg{tg}: decode tok/s (batch 1)"),
@@ -62,10 +83,19 @@ class Sizes:
     ntg: int = 128
     npl: int = 64
     batch: int = 2048  # llama.cpp -b and pyengine's max_num_tokens
+    tg_prompt: int = 128  # pyengine's tg: the decode rate after a prompt of this many tokens (W2's)
 
 
 BUSY_CORES = 0.2  # other processes' CPU use (cores) above which a run is flagged
-QUICK = Sizes(pp=64, tg=64, npp=64, ntg=64, npl=16)
+QUICK = Sizes(pp=64, tg=64, npp=64, ntg=64, npl=16, tg_prompt=64)
+MODEL_SIZES = {"smollm-135m-shape": Sizes(), "qwen3-0.6b-shape": Sizes(pp=512)}
+
+
+def sizes_for(model: str, quick: bool = False, pp: int | None = None) -> Sizes:
+    """The figures' sizes: the model's (pp128, or pp512 for qwen3-0.6b-shape; tg128; 64 x
+    (128 + 128)), or --quick's; ``pp`` overrides the prompt length of pp."""
+    base = QUICK if quick else MODEL_SIZES[model]
+    return Sizes(**{**vars(base), **({"pp": pp} if pp else {})})
 
 
 # --------------------------------------------------------------------------------------
@@ -218,13 +248,16 @@ def pyengine_prefill_rate(engine, prompt: list[int]) -> float:
     return len(prompt) / (first - t0)
 
 
-def single_stream_engine(model_dir: Path, dtype: str):
-    """As bench/latency.py (W2) builds it."""
+def single_stream_engine(model_dir: Path, dtype: str, quantization: str | None = None, max_seq_len: int = 512,
+                         max_num_tokens: int = 512):
+    """As bench/latency.py (W2) builds it; ``quantization``: quantize the weights at load
+    (dtype must then be float32). Longer prompts than W2's need a larger ``max_seq_len``
+    (prompt + generated tokens) and ``max_num_tokens`` (a prompt in one step)."""
     from pyengine import Engine, KvCacheConfig, SchedulerConfig
 
-    return Engine(model_dir, dtype=dtype, max_seq_len=512,
-                  kv_cache_config=KvCacheConfig(max_tokens=2048, enable_block_reuse=False),
-                  scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=512))
+    return Engine(model_dir, dtype=dtype, max_seq_len=max_seq_len, quantization=quantization,
+                  kv_cache_config=KvCacheConfig(max_tokens=max(2048, max_seq_len), enable_block_reuse=False),
+                  scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=max_num_tokens))
 
 
 # --------------------------------------------------------------------------------------
@@ -232,10 +265,12 @@ def single_stream_engine(model_dir: Path, dtype: str):
 # --------------------------------------------------------------------------------------
 
 
-def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes, log) -> dict:
+def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes, log, vocab_size: int) -> dict:
+    """The speed figures of one dtype or quantized format (a name of --dtypes)."""
     from bench.latency import pyengine_run
     from bench.throughput import WARMUP, PyengineRunner, kv_tokens_needed
 
+    pe_dtype, quant = pyengine_dtype(dtype)
     llama = LlamaRunner(lc, gguf, dtype, args.threads, sizes)
     runs = {k: {"pyengine": [], "llama.cpp": []} for k, _ in FIGURES}
     cpu = {k: {"pyengine": [], "llama.cpp": []} for k in ("pp", "tg", "batched")}  # (utilization, others)
@@ -251,11 +286,16 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
             msg.append(f"{side} {value:.1f} {unit} (cpu {m.utilization:.0%}{others})")
         log(f"[{dtype}] {key} run {i + 1}/{args.repeats}: " + ", ".join(msg))
 
-    engine = single_stream_engine(model_dir, dtype)
+    max_seq_len = max(512, sizes.pp + 1, sizes.tg_prompt + sizes.tg)
+    engine = single_stream_engine(model_dir, pe_dtype, quant, max_seq_len=max_seq_len,
+                                  max_num_tokens=max(512, sizes.pp))
+    plan = engine._parts.quant_plan.summary() if quant else None
     try:
-        pp_prompt = w2_request(prompt_len=sizes.pp).prompt_token_ids
-        tg_req = w2_request(prompt_len=sizes.pp, output_len=sizes.tg)  # W2: decode rate after the first token
+        pp_prompt = w2_request(prompt_len=sizes.pp, vocab_size=vocab_size).prompt_token_ids
+        # W2: the decode rate after the first token
+        tg_req = w2_request(prompt_len=sizes.tg_prompt, output_len=sizes.tg, vocab_size=vocab_size)
         pyengine_run(engine, tg_req)  # warm-up
+        pyengine_prefill_rate(engine, pp_prompt)
         for i in range(args.repeats):
             ll = llama.bench("pp", sizes.pp, 0)
             with Meter(args.threads) as m:
@@ -268,9 +308,10 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
             record("tg", ll, pe, m, "tok/s", i)
     finally:
         engine.shutdown()
+    del engine
 
-    requests = w1_requests(sizes.npl, (sizes.npp, sizes.npp), (sizes.ntg, sizes.ntg))
-    runner = PyengineRunner(model_dir, dtype, requests, kv_tokens_needed(requests, model_dir))
+    requests = w1_requests(sizes.npl, (sizes.npp, sizes.npp), (sizes.ntg, sizes.ntg), vocab_size=vocab_size)
+    runner = PyengineRunner(model_dir, pe_dtype, requests, kv_tokens_needed(requests, model_dir), quantization=quant)
     try:
         runner.run(WARMUP)
         for i in range(args.repeats):
@@ -289,17 +330,89 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
         pe, ll = median(runs[key]["pyengine"]), median(runs[key]["llama.cpp"])
         figures[key] = {"pyengine": pe, "llama.cpp": ll, "ratio": pe / ll, "runs": runs[key]}
     rec = llama.records.get("tg", [{}])[0]
-    return {"gguf": str(gguf), "llama_cpp_kv_cache_type": llama.kv, "figures": figures, "cpu": cpu,
+    return {"gguf": str(gguf), "pyengine": {"dtype": pe_dtype, "quantization": quant, "quant_plan": plan},
+            "llama_cpp_kv_cache_type": llama.kv, "figures": figures, "cpu": cpu,
             "llama_cpp_generation_phase_tps": phase, "llama_cpp_commands": llama.commands,
             "llama_bench_settings": {k: rec.get(k) for k in ("flash_attn", "n_batch", "n_ubatch", "type_k", "type_v",
                                                              "n_threads", "build_commit", "model_type", "cpu_info")}}
 
 
+def memory_figures(dtype: str, model_dir: Path, gguf: Path, lc, threads: int, log) -> dict:
+    """Resident memory after loading, each engine in a fresh process: pyengine's RSS after
+    Engine(...) minus the RSS before it (bench/memory.py), llama.cpp's peak RSS of a
+    one-token ``llama-bench`` run (its weights mmap'd from the GGUF)."""
+    from bench.memory import peak_rss_of, pyengine_load_rss
+
+    pe_dtype, quant = pyengine_dtype(dtype)
+    pe = pyengine_load_rss(model_dir, pe_dtype, quant, threads)
+    ll = peak_rss_of([lc.tool("llama-bench"), "-m", gguf, "-p", 0, "-n", 1, "-r", 1, "-t", threads])
+    if ll["returncode"] != 0:
+        raise RuntimeError(f"{ll['command']} failed ({ll['returncode']})")
+    ll["gguf_bytes"] = gguf.stat().st_size
+    w = pe["weight_bytes"]["quantized"] + pe["weight_bytes"]["float"]
+    loaded = pe["rss_after_load"] - pe["rss_before"]
+    log(f"[{dtype}] memory: pyengine RSS after load +{loaded / 1e6:.0f} MB (weights {w / 1e6:.0f} MB, KV pool "
+        f"{pe['kv_pool_bytes'] / 1e6:.0f} MB); llama.cpp peak RSS {ll['peak_rss'] / 1e6:.0f} MB (GGUF "
+        f"{ll['gguf_bytes'] / 1e6:.0f} MB)")
+    return {"pyengine": pe, "llama.cpp": ll}
+
+
+def _mb(n: float | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.0f}"
+
+
+def print_memory_table(memory: dict[str, dict]) -> None:
+    print("\nMemory after loading (MB; each engine in a fresh process). pyengine: RSS after Engine(...) minus RSS "
+          "just before it; its KV pool (512 tokens) is allocated but not written, so not resident until used. "
+          "llama.cpp: **peak** RSS of `llama-bench -p 0 -n 1` (ru_maxrss; weights mmap'd from the GGUF, resident "
+          "once read; a 1-token context)")
+    print("| dtype | pyengine weights | KV pool | pyengine RSS after load | RSS / weights | of it: checkpoint file "
+          "still mapped | RSS after malloc_trim(0) | pyengine peak during load | llama.cpp GGUF file | "
+          "llama.cpp peak RSS | peak / GGUF |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    high = []
+    for dtype, m in memory.items():
+        pe, ll = m["pyengine"], m["llama.cpp"]
+        w = pe["weight_bytes"]["quantized"] + pe["weight_bytes"]["float"]
+        base = pe["rss_before"]
+        loaded = pe["rss_after_load"] - base
+        trim = None if pe.get("rss_after_malloc_trim") is None else pe["rss_after_malloc_trim"] - base
+        if loaded > 1.2 * w + pe["kv_pool_bytes"]:
+            high.append(dtype)
+        print(f"| {dtype} | {_mb(w)} | {_mb(pe['kv_pool_bytes'])} | {_mb(loaded)} | {loaded / w:.2f} "
+              f"| {_mb(pe['checkpoint_mapped_rss'])} | {_mb(trim)} | {_mb(pe['hwm_after_load'] - base)} "
+              f"| {_mb(ll['gguf_bytes'])} | {_mb(ll['peak_rss'])} | {ll['peak_rss'] / ll['gguf_bytes']:.2f} |")
+    if high:
+        print(f"note: pyengine's RSS after load is above 1.2 x weights + KV pool for {', '.join(high)}: see the "
+              "columns 'checkpoint file still mapped' (safetensors' mmap of the checkpoint, kept alive by a tensor "
+              "used as loaded, without a copy) and 'RSS after malloc_trim(0)' (freed memory glibc kept)")
+
+
+def print_mixtures(mixtures: dict[str, dict]) -> None:
+    print("\nTensor types of the quantized models (the two mixtures differ: where rows do not fit the format, "
+          "llama.cpp falls back to its own choice, e.g. Q5_0 for Q4_K, pyengine to Q8_0; llama.cpp's Q4_K_M also "
+          "keeps some attn_v/ffn_down in Q6_K)")
+    print("| format | llama.cpp GGUF (llama-quantize), tensors by type | pyengine (quantize-on-load plan), tensors "
+          "by format |\n|---|---|---|")
+    for dtype, m in mixtures.items():
+        ll = ", ".join(f"{k} {v}" for k, v in m["llama.cpp"].items())
+        plan = m.get("pyengine") or {}
+        pe = ", ".join(f"{k} {v}" for k, v in sorted(plan.items(), key=lambda kv: -kv[1]))
+        if m.get("pyengine_float_1d") is not None:
+            pe += f", float32 {m['pyengine_float_1d']} (1-D: norms)"
+        print(f"| {dtype} ({GGUF_TYPE[dtype].upper()}) | {ll} | {pe or '-'} |")
+
+
 def print_table(dtype: str, res: dict, sizes: Sizes) -> None:
     kv = res["llama_cpp_kv_cache_type"]
-    print(f"\n{dtype} (GGUF {GGUF_TYPE[dtype]}; llama.cpp KV cache {kv['bench']} in llama-bench, {kv['batched']} in "
-          f"llama-batched-bench; "
-          "ratio = pyengine / llama.cpp, > 1: pyengine faster)")
+    if dtype in QUANTIZED:
+        what = (f"pyengine: quantized at load to {dtype}, float32 activations and KV cache; llama.cpp: GGUF "
+                f"{GGUF_TYPE[dtype].upper()} from llama-quantize, KV cache {kv['bench']} (its default) in "
+                f"llama-bench and llama-batched-bench")
+    else:
+        what = (f"GGUF {GGUF_TYPE[dtype]}; llama.cpp KV cache {kv['bench']} in llama-bench, {kv['batched']} in "
+                "llama-batched-bench")
+    print(f"\n{dtype} ({what}; ratio = pyengine / llama.cpp, > 1: pyengine faster)")
     print("| figure | pyengine | llama.cpp | ratio |\n|---|---|---|---|")
     for key, label in FIGURES:
         f = res["figures"][key]
@@ -321,7 +434,8 @@ def parse_dtypes(text: str) -> list[str]:
     out = []
     for part in text.split(","):
         if part.strip().lower() not in DTYPE_ALIASES:
-            raise argparse.ArgumentTypeError(f"unknown dtype {part!r} (float32/fp32, bfloat16/bf16)")
+            raise argparse.ArgumentTypeError(f"unknown dtype or format {part!r} (float32/fp32, bfloat16/bf16, "
+                                             "q8_0, q4_0, q4_k/q4_k_m)")
         out.append(DTYPE_ALIASES[part.strip().lower()])
     return list(dict.fromkeys(out))
 
@@ -329,10 +443,17 @@ def parse_dtypes(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtypes", type=parse_dtypes, default=["float32", "bfloat16"],
-                   help="comma-separated: float32,bfloat16 (default both)")
+                   help="comma-separated: float32,bfloat16,q8_0,q4_0,q4_k (default float32,bfloat16)")
+    p.add_argument("--model", choices=list(BENCH_MODELS), default="smollm-135m-shape",
+                   help="the benchmark model (default %(default)s)")
+    p.add_argument("--pp", type=int, default=None,
+                   help="prompt length of pp (default: 128; 512 for qwen3-0.6b-shape; --quick 64)")
     p.add_argument("--threads", type=int, default=BENCH_THREADS, help="threads for both engines (default 2)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per figure and engine (default 3; --quick 1)")
     p.add_argument("--quick", action="store_true", help="pp/tg 64, 16 sequences of 64+64, 1 repeat")
+    p.add_argument("--no-memory", action="store_true", help="skip the memory figures")
+    p.add_argument("--memory-only", action="store_true",
+                   help="only the memory figures and tensor types (no speed runs)")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help=f"llama.cpp cache root (default ${llamacpp_build.CACHE_ENV}, else ~/.cache/pyengine/llamacpp)")
     p.add_argument("--llama-cpp-python", dest="version", default=llamacpp_build.DEFAULT_VERSION,
@@ -347,7 +468,11 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats = 1 if args.quick else 3
     if args.repeats < 1 or args.threads < 1:
         p.error("--repeats and --threads must be >= 1")
-    sizes = QUICK if args.quick else Sizes()
+    if args.pp is not None and args.pp < 1:
+        p.error("--pp must be >= 1")
+    if args.no_memory and args.memory_only:
+        p.error("--no-memory and --memory-only exclude each other")
+    sizes = sizes_for(args.model, args.quick, args.pp)
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -357,12 +482,16 @@ def main(argv: list[str] | None = None) -> int:
     quiet_transformers()
     t_start = time.perf_counter()
     root = args.cache_dir or llamacpp_build.default_cache_root()
-    model_dir = smollm_checkpoint(args.checkpoint_root)
+    t0 = time.perf_counter()
+    model_dir = bench_checkpoint(args.model, args.checkpoint_root)
+    log(f"model {args.model}: {model_dir} (ready in {time.perf_counter() - t0:.0f} s)")
+    vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     try:
         lc = llamacpp_build.build(root, args.version, args.build_jobs, log, trust_cache=args.skip_build_check)
         if lc.version != lc.requested_version:
             log(f"note: llama-cpp-python {lc.requested_version} was not available; using {lc.version}")
-        ggufs = llamacpp_build.gguf_files(lc, model_dir, "smollm-135m-shape", [GGUF_TYPE[d] for d in args.dtypes], log)
+        ggufs = llamacpp_build.gguf_files(lc, model_dir, args.model, [GGUF_TYPE[d] for d in args.dtypes], log,
+                                          threads=args.threads)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -371,20 +500,31 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info()
     info["torch_threads"] = args.threads
     flags = llamacpp_build.cpu_flags()
-    print(f"\npyengine vs llama.cpp — {'quick: ' if args.quick else ''}pp{sizes.pp}, tg{sizes.tg}, batched "
-          f"{sizes.npl} x ({sizes.npp}+{sizes.ntg}); median of {args.repeats}, alternating llama.cpp / pyengine")
+    what = "memory and tensor types only" if args.memory_only else (
+        f"pp{sizes.pp}, tg{sizes.tg}, batched {sizes.npl} x ({sizes.npp}+{sizes.ntg}); median of {args.repeats}, "
+        "alternating llama.cpp / pyengine")
+    print(f"\npyengine vs llama.cpp — {'quick: ' if args.quick else ''}{what}")
     print(f"  machine: {info['cpu']} ({' '.join(flags) or 'flags unknown'}), {info['logical_cpus']} CPUs, "
           f"{args.threads} threads, load {info['loadavg_1m']}, {info['date']}")
     print(f"  torch {info['torch']}, transformers {info['transformers']}, python {info['python']}")
     print(f"  llama.cpp {lc.commit or 'unknown commit'} (vendored in llama-cpp-python {lc.version}), "
           f"{lc.stamp.get('compiler') or 'compiler unknown'}, built in {lc.stamp.get('build_seconds', '?')} s")
-    print(f"  model: smollm-135m-shape {model_dir}; GGUF " + ", ".join(
-        f"{t} {conversions[t]['bytes'] / 1e6:.0f} MB (converted in {conversions[t]['seconds']} s)" for t in ggufs))
+    print(f"  model: {args.model} {model_dir}; GGUF " + ", ".join(
+        f"{t} {conversions[t]['bytes'] / 1e6:.0f} MB (made in {conversions[t]['seconds']} s)" for t in ggufs))
 
-    results = {}
+    results, memory, mixtures = {}, {}, {}
     for dtype in args.dtypes:
-        log(f"\n[{dtype}] ...")
-        results[dtype] = bench_dtype(dtype, model_dir, ggufs[GGUF_TYPE[dtype]], lc, args, sizes, log)
+        gguf = ggufs[GGUF_TYPE[dtype]]
+        if not args.memory_only:
+            log(f"\n[{dtype}] ...")
+            results[dtype] = bench_dtype(dtype, model_dir, gguf, lc, args, sizes, log, vocab_size)
+        if not args.no_memory:
+            memory[dtype] = memory_figures(dtype, model_dir, gguf, lc, args.threads, log)
+        if dtype in QUANTIZED:
+            plan = (results.get(dtype, {}).get("pyengine", {}).get("quant_plan")
+                    or memory.get(dtype, {}).get("pyengine", {}).get("quant_plan"))
+            mixtures[dtype] = {"llama.cpp": llamacpp_build.gguf_tensor_types(gguf, lc.tree), "pyengine": plan,
+                               "pyengine_float_1d": memory.get(dtype, {}).get("pyengine", {}).get("float_1d_tensors")}
     for dtype, res in results.items():
         print_table(dtype, res, sizes)
         print("  llama.cpp commands: " + "; ".join(res["llama_cpp_commands"].values()))
@@ -393,15 +533,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  llama-bench: flash attention {fa}, batch {st.get('n_batch')}, micro-batch {st.get('n_ubatch')}, "
               f"K/V cache {st.get('type_k')}/{st.get('type_v')}, {st.get('n_threads')} threads, build "
               f"{st.get('build_commit')}, model '{st.get('model_type')}'")
+    if mixtures:
+        print_mixtures(mixtures)
+    if memory:
+        print_memory_table(memory)
     print(f"(wall time {time.perf_counter() - t_start:.0f} s)")
 
     if args.json:
         args.json.write_text(json.dumps({
             "machine": {**info, "cpu_flags": flags},
-            "settings": {"quick": args.quick, "repeats": args.repeats, "threads": args.threads, **vars(sizes)},
+            "settings": {"model": args.model, "quick": args.quick, "repeats": args.repeats, "threads": args.threads,
+                         **vars(sizes)},
             "llama_cpp": {"llama_cpp_python": lc.version, "requested": lc.requested_version, "commit": lc.commit,
                           "build": lc.stamp, "conversions": conversions},
-            "results": results,
+            "results": results, "memory": memory, "tensor_types": mixtures,
         }, indent=1, default=str))
     return 0
 

@@ -4,22 +4,28 @@
   --no-deps --no-binary :all: llama-cpp-python==VERSION``); it vendors a llama.cpp tree
   (``vendor/llama.cpp``) pinned to one llama.cpp commit, named in its CHANGELOG.
 - **Build**: a CMake Release build of that tree for this CPU (``GGML_NATIVE=ON``, CPU
-  backend only, static libraries), of the two benchmark tools only: ``llama-bench`` and
-  ``llama-batched-bench``. A stamp file (``build/pyengine-stamp.json``) records the version,
-  the CMake arguments and the CPU; a build whose stamp matches is reused.
-- **Convert**: the benchmark checkpoint (fp32 safetensors) to GGUF in f32 and bf16 with the
+  backend only, static libraries), of the tools the benchmarks run only (``TOOLS``:
+  ``llama-bench``, ``llama-batched-bench``, ``llama-quantize``, ``llama-perplexity``). A stamp
+  file (``build/pyengine-stamp.json``) records the version, the CMake arguments, the CPU and
+  the tools built; a build whose stamp matches is reused, tools missing from a build with the
+  same configuration are added to it (an incremental build of those targets), and a build
+  with another configuration is redone from scratch.
+- **Convert**: the benchmark checkpoint (safetensors) to GGUF in f32 and bf16 with the
   tree's own ``convert_hf_to_gguf.py``, run through a small wrapper (``--convert`` below)
   that declares the benchmark tokenizer's pre-tokenizer as ``gpt-2`` (a byte-level BPE the
   converter does not know by hash) and treats a missing ``sentencepiece`` package like a
   missing ``tokenizer.model``. The cached tree itself is never modified.
+- **Quantize**: the f32 GGUF to Q8_0, Q4_0 and Q4_K_M with the tree's own ``llama-quantize``
+  (no importance matrix), cached next to it.
 
 Layout under the cache root (``--cache-dir``, else ``$PYENGINE_LLAMACPP_CACHE``, else
 ``~/.cache/pyengine/llamacpp``)::
 
     <root>/<version>/src/llama_cpp_python-<version>/   the unpacked sdist
-    <root>/<version>/build/bin/llama-bench, llama-batched-bench
+    <root>/<version>/build/bin/llama-bench, llama-batched-bench, llama-quantize, llama-perplexity
     <root>/<version>/build/pyengine-stamp.json
-    <root>/<version>/gguf/<checkpoint>-<digest>/model-f32.gguf, model-bf16.gguf
+    <root>/<version>/gguf/<checkpoint>-<digest>/model-f32.gguf, model-bf16.gguf,
+        model-q8_0.gguf, model-q4_0.gguf, model-q4_k_m.gguf, conversions.json
 
 Depends on the standard library only (plus, for ``--convert``, what the converter imports:
 torch, numpy, transformers, pyyaml, tqdm).
@@ -44,9 +50,11 @@ from typing import Callable
 
 DEFAULT_VERSION = "0.3.36"
 CACHE_ENV = "PYENGINE_LLAMACPP_CACHE"
-TOOLS = ("llama-bench", "llama-batched-bench")
+TOOLS = ("llama-bench", "llama-batched-bench", "llama-quantize", "llama-perplexity")
 STAMP = "pyengine-stamp.json"
 CONVERT_SCHEME = 1  # bump when the conversion wrapper changes what it writes
+# GGUF types made from the f32 GGUF by llama-quantize: file suffix -> llama-quantize's type name
+QUANTIZED_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}
 INTERESTING_FLAGS = (
     "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq",
     "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16",  # x86
@@ -180,10 +188,28 @@ def cmake_args(commit: str | None) -> list[str]:
 
 
 def _stamp_key(version: str, commit: str | None, args: list[str]) -> dict:
+    """What the build folder's configuration depends on (the tools built are recorded apart:
+    adding a tool to a build of the same configuration does not start it over)."""
     from bench.common import cpu_model  # noqa: PLC0415 (bench.common imports torch)
 
-    return {"llama_cpp_python": version, "llama_cpp_commit": commit, "cmake_args": args, "targets": list(TOOLS),
+    return {"llama_cpp_python": version, "llama_cpp_commit": commit, "cmake_args": args,
             "cpu": cpu_model(), "cpu_flags": cpu_flags()}
+
+
+def stamp_state(stamp: dict | None, key: dict, tools: tuple[str, ...] | list[str] = TOOLS) -> tuple[str, list[str]]:
+    """What a build with this ``stamp`` needs for ``tools`` under configuration ``key``:
+    ("ok", []) reuse it; ("add", missing tools) build those targets in the same folder;
+    ("rebuild", all tools) start over (no stamp, or another configuration). A stamp of an
+    older version of this script kept the targets inside its key; it is read the same way."""
+    if not stamp or not isinstance(stamp.get("key"), dict):
+        return "rebuild", list(tools)
+    old_key = dict(stamp["key"])
+    built = stamp.get("targets", old_key.pop("targets", []))
+    old_key.pop("targets", None)
+    if old_key != key:
+        return "rebuild", list(tools)
+    missing = [t for t in tools if t not in built]
+    return ("add", missing) if missing else ("ok", [])
 
 
 def _read_json(path: Path) -> dict | None:
@@ -195,14 +221,16 @@ def _read_json(path: Path) -> dict | None:
 
 def build(root: Path, version: str = DEFAULT_VERSION, jobs: int = 2, log: Log = print,
           trust_cache: bool = False) -> LlamaCpp:
-    """The built llama.cpp tools of llama-cpp-python ``version`` under ``root``: reused when
-    the build stamp matches (or, with ``trust_cache``, whenever the tools exist — no network),
-    fetched and built otherwise."""
+    """The built llama.cpp tools (``TOOLS``) of llama-cpp-python ``version`` under ``root``:
+    reused when the build stamp matches (or, with ``trust_cache``, whenever the tools exist --
+    no network); tools missing from a build of the same configuration are added to it; fetched
+    and built from scratch otherwise."""
     if trust_cache:
         build_dir = root / version / "build"
         stamp = _read_json(build_dir / STAMP) or {}
         src = root / version / "src" / f"llama_cpp_python-{version}"
-        lc = LlamaCpp(version, version, stamp.get("llama_cpp_commit"), src / "vendor" / "llama.cpp", build_dir, stamp)
+        commit = stamp.get("key", {}).get("llama_cpp_commit")
+        lc = LlamaCpp(version, version, commit, src / "vendor" / "llama.cpp", build_dir, stamp)
         missing = [t for t in TOOLS if not lc.tool(t).is_file()] + ([] if lc.tree.is_dir() else [str(lc.tree)])
         if missing:
             raise RuntimeError(f"--skip-build-check: no cached build at {build_dir} ({', '.join(missing)} missing)")
@@ -216,38 +244,52 @@ def build(root: Path, version: str = DEFAULT_VERSION, jobs: int = 2, log: Log = 
     key = _stamp_key(version, commit, args)
     lc = LlamaCpp(version, requested, commit, tree, build_dir)
     stamp = _read_json(build_dir / STAMP)
-    if stamp is not None and stamp.get("key") == key and all(lc.tool(t).is_file() for t in TOOLS):
+    state, targets = stamp_state(stamp, key)
+    if state != "rebuild" and not all(lc.tool(t).is_file() for t in TOOLS if t not in targets):
+        state, targets = "rebuild", list(TOOLS)  # the stamp names a tool that is gone
+    if state == "ok":
         lc.stamp = stamp
         return lc
-    if stamp is not None:  # built with other settings (or for another CPU): start over
+    if state == "rebuild" and stamp is not None:  # built with other settings (or for another CPU): start over
         shutil.rmtree(build_dir, ignore_errors=True)
     if shutil.which("cmake") is None:
         raise RuntimeError("cmake is needed to build llama.cpp (and a C/C++ compiler)")
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     t0 = time.perf_counter()
-    log(f"building llama.cpp {commit or '(unknown commit)'} from llama-cpp-python {version} "
-        f"into {build_dir} (-j {jobs}) ...")
     configure = ["cmake", "-S", tree, "-B", build_dir, *gen, *args]
-    r = _run(configure, log, capture_output=True, text=True)
-    if r.returncode != 0 and build_dir.exists():  # e.g. an interrupted build with another generator
-        shutil.rmtree(build_dir, ignore_errors=True)
+    if state == "add":
+        log(f"adding {', '.join(targets)} to the llama.cpp build in {build_dir} (-j {jobs}) ...")
+    else:
+        log(f"building llama.cpp {commit or '(unknown commit)'} from llama-cpp-python {version} "
+            f"into {build_dir} (-j {jobs}) ...")
         r = _run(configure, log, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"CMake configure failed:\n{(r.stdout + r.stderr)[-4000:]}")
-    r = _run(["cmake", "--build", build_dir, "--config", "Release", "-j", str(jobs), "--target", *TOOLS],
+        if r.returncode != 0 and build_dir.exists():  # e.g. an interrupted build with another generator
+            shutil.rmtree(build_dir, ignore_errors=True)
+            r = _run(configure, log, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"CMake configure failed:\n{(r.stdout + r.stderr)[-4000:]}")
+    r = _run(["cmake", "--build", build_dir, "--config", "Release", "-j", str(jobs), "--target", *targets],
              log, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"llama.cpp build failed:\n{(r.stdout + r.stderr)[-4000:]}")
     seconds = time.perf_counter() - t0
-    cache = (build_dir / "CMakeCache.txt").read_text(errors="replace")
-    cxx = re.search(r"^CMAKE_CXX_COMPILER:\w+=(.*)$", cache, re.M)
-    compiler = None
-    if cxx:
-        v = subprocess.run([cxx.group(1), "--version"], capture_output=True, text=True)
-        compiler = v.stdout.splitlines()[0] if v.returncode == 0 and v.stdout else cxx.group(1)
-    lc.stamp = {"key": key, "compiler": compiler, "build_seconds": round(seconds, 1), "jobs": jobs,
-                "built": _dt.datetime.now().isoformat(timespec="seconds"),
-                "configure_command": " ".join(str(c) for c in configure)}
+    if state == "add":
+        old_key = dict(stamp["key"])
+        built = stamp.get("targets", old_key.pop("targets", []))
+        lc.stamp = {**stamp, "key": key, "targets": list(dict.fromkeys([*built, *targets])),
+                    "added": [*stamp.get("added", []),
+                              {"targets": targets, "seconds": round(seconds, 1),
+                               "built": _dt.datetime.now().isoformat(timespec="seconds")}]}
+    else:
+        cache = (build_dir / "CMakeCache.txt").read_text(errors="replace")
+        cxx = re.search(r"^CMAKE_CXX_COMPILER:\w+=(.*)$", cache, re.M)
+        compiler = None
+        if cxx:
+            v = subprocess.run([cxx.group(1), "--version"], capture_output=True, text=True)
+            compiler = v.stdout.splitlines()[0] if v.returncode == 0 and v.stdout else cxx.group(1)
+        lc.stamp = {"key": key, "targets": list(TOOLS), "compiler": compiler, "build_seconds": round(seconds, 1),
+                    "jobs": jobs, "built": _dt.datetime.now().isoformat(timespec="seconds"),
+                    "configure_command": " ".join(str(c) for c in configure)}
     (build_dir / STAMP).write_text(json.dumps(lc.stamp, indent=1))  # last: a stamped build is complete
     log(f"built in {seconds:.0f} s")
     return lc
@@ -258,9 +300,13 @@ def build(root: Path, version: str = DEFAULT_VERSION, jobs: int = 2, log: Log = 
 # --------------------------------------------------------------------------------------
 
 
-def gguf_files(lc: LlamaCpp, checkpoint: Path, name: str, outtypes: list[str], log: Log = print) -> dict[str, Path]:
+def gguf_files(lc: LlamaCpp, checkpoint: Path, name: str, outtypes: list[str], log: Log = print,
+               threads: int = 2) -> dict[str, Path]:
     """{outtype: GGUF file} of the checkpoint, converted once per checkpoint content (its
-    digest) and llama.cpp version, and reused afterwards."""
+    digest) and llama.cpp version, and reused afterwards. ``outtypes``: the converter's
+    ``f32``/``bf16``, or a key of ``QUANTIZED_TYPES`` (``q8_0``, ``q4_0``, ``q4_k_m``): the f32
+    file quantized by ``llama-quantize`` (with ``threads`` threads), made again whenever the
+    f32 file is."""
     from bench.common import checkpoints  # noqa: PLC0415
 
     digest = checkpoints.checkpoint_digest(checkpoint)[:16]
@@ -269,27 +315,65 @@ def gguf_files(lc: LlamaCpp, checkpoint: Path, name: str, outtypes: list[str], l
     info_path = folder / "conversions.json"
     info = _read_json(info_path) or {}
     out = {}
-    for t in outtypes:
+    wanted = list(dict.fromkeys(outtypes))
+    if any(t in QUANTIZED_TYPES for t in wanted) and "f32" not in wanted:
+        wanted.insert(0, "f32")  # the quantizer's input
+    wanted.sort(key=lambda t: t in QUANTIZED_TYPES)  # converted types first
+    for t in wanted:
+        if t not in QUANTIZED_TYPES and t not in ("f32", "bf16", "f16"):
+            raise ValueError(f"unknown GGUF type {t!r}")
         path = folder / f"model-{t}.gguf"
         rec = info.get(t, {})
-        if not (path.is_file() and rec.get("scheme") == CONVERT_SCHEME):
-            tmp = folder / f".model-{t}.gguf.tmp"
+        tmp = folder / f".model-{t}.gguf.tmp"
+        if t in QUANTIZED_TYPES:
+            src = out["f32"]
+            fresh = path.is_file() and rec.get("scheme") == CONVERT_SCHEME and \
+                rec.get("source_mtime_ns") == src.stat().st_mtime_ns
+            cmd = [lc.tool("llama-quantize"), src, tmp, QUANTIZED_TYPES[t], threads]
+            what = f"quantizing {name} to GGUF {QUANTIZED_TYPES[t]} with llama-quantize"
+        else:
+            fresh = path.is_file() and rec.get("scheme") == CONVERT_SCHEME
             cmd = [sys.executable, Path(__file__).resolve(), "--convert", lc.tree, "--", checkpoint,
                    "--outtype", t, "--outfile", tmp]
+            what = f"converting {name} to GGUF {t}"
+        if not fresh:
             t0 = time.perf_counter()
-            log(f"converting {name} to GGUF {t} ...")
+            log(what + " ...")
             r = _run(cmd, log, capture_output=True, text=True)
             if r.returncode != 0 or not tmp.is_file():
-                raise RuntimeError(f"GGUF conversion ({t}) failed:\n{(r.stdout + r.stderr)[-4000:]}")
+                tmp.unlink(missing_ok=True)
+                raise RuntimeError(f"{what} failed:\n{(r.stdout + r.stderr)[-4000:]}")
             os.replace(tmp, path)
-            rec = {"scheme": CONVERT_SCHEME, "seconds": round(time.perf_counter() - t0, 1),
-                   "command": " ".join(str(c) for c in cmd[:1] + ["bench/llamacpp_build.py"] + cmd[2:-1]) + " " + path.name,
-                   "bytes": path.stat().st_size, "checkpoint": str(checkpoint)}
+            if t in QUANTIZED_TYPES:
+                shown = [Path(cmd[0]).name, src.name, path.name, *map(str, cmd[3:])]
+                rec = {"source_mtime_ns": src.stat().st_mtime_ns}
+            else:
+                shown = [str(cmd[0]), "bench/llamacpp_build.py", *map(str, cmd[2:-1]), path.name]
+                rec = {}
+            rec.update({"scheme": CONVERT_SCHEME, "seconds": round(time.perf_counter() - t0, 1),
+                        "command": " ".join(shown), "bytes": path.stat().st_size, "checkpoint": str(checkpoint)})
             info[t] = rec
             info_path.write_text(json.dumps(info, indent=1))
             log(f"  {path} ({rec['bytes'] / 1e6:.0f} MB) in {rec['seconds']:.1f} s")
         out[t] = path
-    return out
+    return {t: out[t] for t in outtypes}
+
+
+def gguf_tensor_types(path: Path, tree: Path | None = None) -> dict[str, int]:
+    """How many tensors of each GGML type (``"Q4_K"``, ``"F32"``, ...) a GGUF file holds, read
+    with the ``gguf`` package's GGUFReader (the installed package, else the copy in the
+    llama.cpp ``tree``)."""
+    try:
+        from gguf import GGUFReader  # noqa: PLC0415
+    except ImportError:
+        if tree is None:
+            raise
+        sys.path.insert(0, str(Path(tree) / "gguf-py"))
+        from gguf import GGUFReader  # noqa: PLC0415
+    counts: dict[str, int] = {}
+    for t in GGUFReader(str(path)).tensors:
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _convert_main(tree: Path, argv: list[str]) -> None:

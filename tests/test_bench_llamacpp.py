@@ -104,3 +104,78 @@ def test_cache_root_env(monkeypatch, tmp_path):
     assert llamacpp_build.default_cache_root() == tmp_path
     monkeypatch.delenv(llamacpp_build.CACHE_ENV)
     assert llamacpp_build.default_cache_root() == Path.home() / ".cache" / "pyengine" / "llamacpp"
+
+
+# ---- quantized formats, models and sizes ------------------------------------------------------
+
+
+def test_quantized_dtype_options():
+    assert llamacpp.parse_dtypes("q8_0,Q4_0,q4_k_m,q4_k,fp32") == ["q8_0", "q4_0", "q4_k", "float32"]
+    assert [llamacpp.GGUF_TYPE[d] for d in ("q8_0", "q4_0", "q4_k")] == ["q8_0", "q4_0", "q4_k_m"]
+    assert all(t in llamacpp_build.QUANTIZED_TYPES for t in ("q8_0", "q4_0", "q4_k_m"))
+    assert llamacpp.pyengine_dtype("q4_k") == ("float32", "q4_k")
+    assert llamacpp.pyengine_dtype("bfloat16") == ("bfloat16", None)
+    # llama.cpp's default f16 KV cache in both tools for the quantized formats
+    assert llamacpp.KV_TYPE["q4_0"] == {"bench": "f16", "batched": "f16"}
+    with pytest.raises(Exception, match="q4_k"):
+        llamacpp.parse_dtypes("q5_0")
+
+
+def test_sizes_per_model():
+    s = llamacpp.sizes_for("smollm-135m-shape")
+    assert (s.pp, s.tg, s.npp, s.ntg, s.npl, s.tg_prompt) == (128, 128, 128, 128, 64, 128)
+    s = llamacpp.sizes_for("qwen3-0.6b-shape")  # pp512, tg128, 64 x (128 + 128)
+    assert (s.pp, s.tg, s.npp, s.ntg, s.npl, s.tg_prompt) == (512, 128, 128, 128, 64, 128)
+    assert llamacpp.sizes_for("qwen3-0.6b-shape", quick=True) == llamacpp.QUICK
+    assert llamacpp.sizes_for("smollm-135m-shape", pp=256).pp == 256
+    assert llamacpp.sizes_for("qwen3-0.6b-shape", quick=True, pp=32).pp == 32
+    assert llamacpp.QUICK.pp == 64  # unchanged by the calls above
+
+
+def test_bench_models():
+    from bench import common
+
+    assert set(common.BENCH_MODELS) == {"smollm-135m-shape", "qwen3-0.6b-shape"}
+    q = common.BENCH_MODELS["qwen3-0.6b-shape"]
+    assert (q["model_type"], q["vocab_size"], q["hidden_size"], q["intermediate_size"], q["num_layers"],
+            q["num_heads"], q["num_kv_heads"], q["head_dim"], q["max_position_embeddings"],
+            q["tie_word_embeddings"]) == ("qwen3", 151936, 1024, 3072, 28, 16, 8, 128, 4096, True)
+    with pytest.raises(ValueError, match="unknown benchmark model"):
+        common.bench_checkpoint("nope")
+
+
+# ---- the build stamp ----------------------------------------------------------------------------
+
+KEY = {"llama_cpp_python": "0.3.36", "llama_cpp_commit": "0c1e57098", "cmake_args": ["-DX=1"], "cpu": "C",
+       "cpu_flags": ["avx2"]}
+ALL = ["llama-bench", "llama-batched-bench", "llama-quantize", "llama-perplexity"]
+
+
+def test_stamp_state():
+    assert llamacpp_build.stamp_state(None, KEY, ALL) == ("rebuild", ALL)
+    assert llamacpp_build.stamp_state({"key": KEY, "targets": ALL}, KEY, ALL) == ("ok", [])
+    # fewer tools wanted than built: still fine
+    assert llamacpp_build.stamp_state({"key": KEY, "targets": ALL}, KEY, ALL[:2]) == ("ok", [])
+    # a stamp of the earlier script: its targets inside the key, two tools only -> add the other two
+    legacy = {"key": {**KEY, "targets": ["llama-bench", "llama-batched-bench"]}}
+    assert llamacpp_build.stamp_state(legacy, KEY, ALL) == ("add", ["llama-quantize", "llama-perplexity"])
+    # another configuration (CPU, CMake arguments, version): start over
+    assert llamacpp_build.stamp_state({"key": {**KEY, "cpu": "D"}, "targets": ALL}, KEY, ALL) == ("rebuild", ALL)
+    assert llamacpp_build.stamp_state({"key": {**KEY, "cmake_args": []}, "targets": ALL}, KEY, ALL)[0] == "rebuild"
+    assert llamacpp_build.TOOLS == tuple(ALL)
+
+
+def test_gguf_tensor_types(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    path = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("a", np.zeros((4, 32), dtype=np.float32))
+    w.add_tensor("b", np.zeros(32, dtype=np.float32))
+    w.add_tensor("c", np.zeros((2, 34), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert llamacpp_build.gguf_tensor_types(path) == {"F32": 2, "Q8_0": 1}
