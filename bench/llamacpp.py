@@ -67,6 +67,8 @@ DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float32": "float32",
 def pyengine_dtype(name: str) -> tuple[str, str | None]:
     """(Engine dtype, quantization) of a dtype or format name of --dtypes."""
     return ("float32", name) if name in QUANTIZED else (name, None)
+
+
 FIGURES = [  # (key, label); ratio = pyengine / llama.cpp, higher is better for pyengine
     ("pp", "pp{pp}: prompt tok/s (1 sequence)"),
     ("tg", "tg{tg}: decode tok/s (batch 1)"),
@@ -289,8 +291,14 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
     max_seq_len = max(512, sizes.pp + 1, sizes.tg_prompt + sizes.tg)
     engine = single_stream_engine(model_dir, pe_dtype, quant, max_seq_len=max_seq_len,
                                   max_num_tokens=max(512, sizes.pp))
-    plan = engine._parts.quant_plan.summary() if quant else None
+    plan = float_1d = None
     try:
+        if quant:  # the formats quantize-on-load chose, and the 1-D tensors it kept in float32
+            from pyengine.models import model_class
+
+            mc = engine.model_config
+            plan = engine._parts.quant_plan.summary()
+            float_1d = sum(n not in engine._parts.quant_plan.report for n in model_class(mc).weight_names(mc)[0])
         pp_prompt = w2_request(prompt_len=sizes.pp, vocab_size=vocab_size).prompt_token_ids
         # W2: the decode rate after the first token
         tg_req = w2_request(prompt_len=sizes.tg_prompt, output_len=sizes.tg, vocab_size=vocab_size)
@@ -330,7 +338,8 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
         pe, ll = median(runs[key]["pyengine"]), median(runs[key]["llama.cpp"])
         figures[key] = {"pyengine": pe, "llama.cpp": ll, "ratio": pe / ll, "runs": runs[key]}
     rec = llama.records.get("tg", [{}])[0]
-    return {"gguf": str(gguf), "pyengine": {"dtype": pe_dtype, "quantization": quant, "quant_plan": plan},
+    return {"gguf": str(gguf), "pyengine": {"dtype": pe_dtype, "quantization": quant, "quant_plan": plan,
+                                            "float_1d_tensors": float_1d},
             "llama_cpp_kv_cache_type": llama.kv, "figures": figures, "cpu": cpu,
             "llama_cpp_generation_phase_tps": phase, "llama_cpp_commands": llama.commands,
             "llama_bench_settings": {k: rec.get(k) for k in ("flash_attn", "n_batch", "n_ubatch", "type_k", "type_v",
@@ -523,8 +532,10 @@ def main(argv: list[str] | None = None) -> int:
         if dtype in QUANTIZED:
             plan = (results.get(dtype, {}).get("pyengine", {}).get("quant_plan")
                     or memory.get(dtype, {}).get("pyengine", {}).get("quant_plan"))
+            float_1d = (results.get(dtype, {}).get("pyengine", {}).get("float_1d_tensors")
+                        or memory.get(dtype, {}).get("pyengine", {}).get("float_1d_tensors"))
             mixtures[dtype] = {"llama.cpp": llamacpp_build.gguf_tensor_types(gguf, lc.tree), "pyengine": plan,
-                               "pyengine_float_1d": memory.get(dtype, {}).get("pyengine", {}).get("float_1d_tensors")}
+                               "pyengine_float_1d": float_1d}
     for dtype, res in results.items():
         print_table(dtype, res, sizes)
         print("  llama.cpp commands: " + "; ".join(res["llama_cpp_commands"].values()))
