@@ -179,3 +179,41 @@ def test_gguf_tensor_types(tmp_path):
     w.write_tensors_to_file()
     w.close()
     assert llamacpp_build.gguf_tensor_types(path) == {"F32": 2, "Q8_0": 1}
+
+
+def test_quantized_gguf_files_are_made_from_f32_and_cached(tmp_path):
+    """gguf_files runs llama-quantize on the cached f32 file once per format, and again when the
+    f32 file changes (a fake llama-quantize that copies its input and counts its calls)."""
+    import json
+    import os
+    import stat
+
+    from bench.common import checkpoints
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    build = tmp_path / "build"
+    (build / "bin").mkdir(parents=True)
+    calls = tmp_path / "calls.txt"
+    tool = build / "bin" / "llama-quantize"
+    tool.write_text(f"#!/bin/sh\necho \"$3 $4\" >> {calls}\ncp \"$1\" \"$2\"\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    lc = llamacpp_build.LlamaCpp("0", "0", None, tmp_path / "tree", build)
+    folder = lc.gguf_root / f"m-{checkpoints.checkpoint_digest(ckpt)[:16]}"
+    folder.mkdir(parents=True)
+    (folder / "model-f32.gguf").write_bytes(b"GGUF f32")
+    (folder / "conversions.json").write_text(json.dumps({"f32": {"scheme": llamacpp_build.CONVERT_SCHEME,
+                                                                  "seconds": 1, "bytes": 8}}))
+    out = llamacpp_build.gguf_files(lc, ckpt, "m", ["q4_k_m", "q8_0"], log=lambda m: None, threads=3)
+    assert list(out) == ["q4_k_m", "q8_0"]
+    assert out["q4_k_m"] == folder / "model-q4_k_m.gguf" and out["q4_k_m"].read_bytes() == b"GGUF f32"
+    assert calls.read_text().split("\n")[:2] == ["Q4_K_M 3", "Q8_0 3"]
+    info = json.loads((folder / "conversions.json").read_text())
+    assert info["q8_0"]["command"].startswith("llama-quantize model-f32.gguf model-q8_0.gguf Q8_0 3")
+    llamacpp_build.gguf_files(lc, ckpt, "m", ["q8_0"], log=lambda m: None)
+    assert len(calls.read_text().split()) == 4  # cached: not quantized again
+    st = (folder / "model-f32.gguf").stat()
+    os.utime(folder / "model-f32.gguf", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a new f32 file
+    llamacpp_build.gguf_files(lc, ckpt, "m", ["q8_0"], log=lambda m: None)
+    assert calls.read_text().split("\n")[2] == "Q8_0 2"

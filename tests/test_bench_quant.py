@@ -1,5 +1,6 @@
-"""bench/quant_quality.py's offline pieces (sequences, KL statistics, llama-perplexity's base
-file format and output) and bench/memory.py's measurements (no engine, no llama.cpp)."""
+"""bench/quant_quality.py's pieces (sequences, KL statistics, llama-perplexity's base file
+format and output, the teacher-forced distributions on a tiny model), bench/memory.py's
+measurements, and the quantization argument of the benchmark engines (no llama.cpp)."""
 
 from __future__ import annotations
 
@@ -125,3 +126,69 @@ def test_proc_status_and_mapped_rss(tmp_path):
         assert memory.mapped_rss(str(tmp_path)) >= 8 * 2**20 - 4096
         m.close()
     assert memory.mapped_rss(str(tmp_path)) == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from pyengine.testing.checkpoints import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "m", "llama", tie_word_embeddings=True)
+
+
+def test_quantization_reaches_the_benchmark_engines(tiny_model):
+    from bench.common import Request
+    from bench.llamacpp import single_stream_engine
+    from bench.throughput import PyengineRunner
+
+    e = single_stream_engine(tiny_model, "float32", "q8_0")
+    try:
+        assert e._parts.quant_plan.summary() == {"q8_0": 15}  # 2 layers x 7 linears + the tied embedding
+        w = memory.model_weight_bytes(e._parts.runner.model)
+        assert w["quantized"] > 0 and w["float"] > 0  # blocks, and the norms
+    finally:
+        e.shutdown()
+    r = PyengineRunner(tiny_model, "float32", [Request([5, 6, 7], 2)], 1024, quantization="q8_0")
+    try:
+        assert r.engine._parts.quant_plan is not None and r.run([Request([5, 6, 7], 2)]).generated_tokens == 2
+    finally:
+        r.close()
+    r = PyengineRunner(tiny_model, "float32", [Request([5, 6, 7], 2)], 1024)  # as before: no quantization
+    try:
+        assert r.engine._parts.quant_plan is None
+    finally:
+        r.close()
+
+
+def test_teacher_forced_distributions(tiny_model):
+    seqs = quant_quality.make_sequences(3, 12, 512, bos_id=1, seed=0)
+    rows: dict[tuple[int, int], torch.Tensor] = {}
+
+    def sink(i, pos, lp):
+        rows[(i, pos)] = lp.clone()
+
+    e = quant_quality.make_engine(tiny_model, "float32", None, seqs)
+    try:
+        quant_quality.teacher_forced(e, seqs, sink)
+    finally:
+        e.shutdown()
+    assert sorted(rows) == [(i, p) for i in range(3) for p in range(11)]
+    assert all(torch.allclose(r.exp().sum(), torch.tensor(1.0), atol=1e-5) for r in rows.values())
+    # the distribution at a position is the model's after the sequence's own tokens up to there
+    from pyengine import SamplingParams
+
+    e = quant_quality.make_engine(tiny_model, "float32", None, seqs)
+    try:
+        out = e.generate([seqs[1][:5]], SamplingParams(max_tokens=1, temperature=0.0, logprobs=3), use_tqdm=False)[0]
+    finally:
+        e.shutdown()
+    top = out.logprobs[0]
+    for tok, lp in top.items():
+        assert rows[(1, 4)][tok].item() == pytest.approx(lp, abs=1e-4)
+    q = {}
+    e = quant_quality.make_engine(tiny_model, "float32", "q8_0", seqs)
+    try:
+        quant_quality.teacher_forced(e, seqs, lambda i, p, lp: q.__setitem__((i, p), lp.clone()))
+    finally:
+        e.shutdown()
+    kl = torch.stack([quant_quality.kl_rows(rows[k], q[k]) for k in rows])
+    assert (kl >= -1e-9).all() and 0 < kl.mean() < 1e-2
