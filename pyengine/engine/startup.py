@@ -35,6 +35,7 @@ from pyengine.quant.on_load import LINEAR_SUFFIXES, QuantPlan
 from pyengine.quant.prequantized import PrequantizedSpec, load_prequantized
 from pyengine.runtime.cuda_graphs import DecodeGraphs, check_graph_batch_sizes, default_graph_batch_sizes
 from pyengine.runtime.device import resolve_device
+from pyengine.runtime.heap import release_free_heap
 from pyengine.runtime.kv_capacity import (SKIP_ENV, CpuMemoryProbe, CudaMemoryProbe, KvCapacity, MemoryReading,
                                           capacity_from_reading, configured_capacity, skip_requested)
 from pyengine.runtime.model_runner import ModelRunner
@@ -116,6 +117,9 @@ def start_engine(**engine_args: Any) -> EngineParts:
                     exact_fp32=parts.config.exact_fp32)
         if parts.quant_plan is not None:
             logger.info("quantized at load to %s: %s", parts.config.quantization, parts.quant_plan.summary())
+        if parts.quant_plan is not None or parts.prequantized is not None:
+            del weights
+            release_free_heap()  # the float copies converted one at a time
     with _phase(phases, "kv_capacity"):
         parts.capacity = _kv_capacity(parts, model)
     with _phase(phases, "scheduler"):
