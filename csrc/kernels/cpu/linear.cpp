@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "column_split.h"
 #include "isa_target.h"
 #include "linear_common.h"
 #include "pyengine/cpu_linear.h"
@@ -96,21 +97,7 @@ void linear(T* y, const T* x, const T* weight, const T* bias, int32_t M, int32_t
   const LinearArgs a{y, xf.data(), kp, weight, bias, bf16, M, N, K};
   int nt = num_threads > 0 ? num_threads : omp_get_max_threads();
   if (static_cast<int64_t>(N) * K < kMinParallelElems) nt = 1;
-  nt = std::max(1, std::min(nt, (N + kColumnGrain - 1) / kColumnGrain));
-  if (nt == 1) {
-    rows(a, 0, N);
-    return;
-  }
-  // Contiguous column ranges, a multiple of kColumnGrain each (the last one takes the rest).
-  const int32_t groups = (N + kColumnGrain - 1) / kColumnGrain;
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num();
-    const int T_ = omp_get_num_threads();
-    const int32_t g0 = static_cast<int32_t>(static_cast<int64_t>(groups) * t / T_);
-    const int32_t g1 = static_cast<int32_t>(static_cast<int64_t>(groups) * (t + 1) / T_);
-    rows(a, g0 * kColumnGrain, std::min(N, g1 * kColumnGrain));
-  }
+  cpu::split_columns(N, nt, kColumnGrain, [&](int32_t n0, int32_t n1) { rows(a, n0, n1); });
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "column_split.h"
 #include "isa_target.h"
 #include "linear_quant_common.h"
 #include "pyengine/cpu_quant.h"
@@ -63,20 +64,7 @@ void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M,
   const QuantLinearArgs a{y, ldy, xqp, xrow, static_cast<const uint8_t*>(weight), wrow, type, bias, M, N, K};
   int nt = nt_max;
   if (static_cast<int64_t>(N) * wrow * std::max<int64_t>(1, M / 8) < kMinParallelBytes) nt = 1;
-  nt = std::max(1, std::min(nt, (N + kColumnGrain - 1) / kColumnGrain));
-  if (nt == 1) {
-    run_rows(a, 0, N);
-    return;
-  }
-  const int32_t groups = (N + kColumnGrain - 1) / kColumnGrain;
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num();
-    const int T_ = omp_get_num_threads();
-    const int32_t g0 = static_cast<int32_t>(static_cast<int64_t>(groups) * t / T_);
-    const int32_t g1 = static_cast<int32_t>(static_cast<int64_t>(groups) * (t + 1) / T_);
-    run_rows(a, g0 * kColumnGrain, std::min(N, g1 * kColumnGrain));
-  }
+  cpu::split_columns(N, nt, kColumnGrain, [&](int32_t n0, int32_t n1) { run_rows(a, n0, n1); });
 }
 
 }  // namespace pyengine::kernels

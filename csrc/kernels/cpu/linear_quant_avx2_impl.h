@@ -5,8 +5,8 @@
 // AVX-512 level (a CPU with AVX-512 has AVX2).
 //
 // Tiles: the 32-weight formats keep MB x rows by R weight rows of fp32 partial sums in
-// registers (M == 1: R = 4 rows in flight); the 256-weight formats take one weight row against
-// MB x rows, its scales unpacked once per super-block.
+// registers (M == 1: one weight row at a time, in order, prefetched far ahead); the 256-weight
+// formats take one weight row against MB x rows, its scales unpacked once per super-block.
 #ifndef PYENGINE_ISA_NS
 #error "define PYENGINE_ISA_NS before including linear_quant_avx2_impl.h"
 #endif

@@ -1,0 +1,32 @@
+// How the linear kernels share a layer's output columns (weight rows) between threads.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace pyengine::kernels::cpu {
+
+// Calls rows(n0, n1) over [0, N) on `nt` threads (1: on the calling thread): contiguous ranges,
+// each a multiple of `grain` columns (the last takes the rest), so that each thread streams its
+// own part of the weights in order.
+template <typename Rows>
+void split_columns(int32_t N, int nt, int32_t grain, Rows&& rows) {
+  nt = std::max(1, std::min(nt, (N + grain - 1) / grain));
+  if (nt == 1) {
+    rows(0, N);
+    return;
+  }
+  const int32_t groups = (N + grain - 1) / grain;
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+    const int T_ = omp_get_num_threads();
+    const int32_t g0 = static_cast<int32_t>(static_cast<int64_t>(groups) * t / T_);
+    const int32_t g1 = static_cast<int32_t>(static_cast<int64_t>(groups) * (t + 1) / T_);
+    rows(g0 * grain, std::min(N, g1 * grain));
+  }
+}
+
+}  // namespace pyengine::kernels::cpu
