@@ -24,6 +24,8 @@ using cpu::QuantLinearArgs;
 constexpr int64_t kMinParallelBytes = 1 << 14;
 // Output columns handed to a thread are a multiple of this.
 constexpr int32_t kColumnGrain = 4;
+// Rows of x per pass over the weights.
+constexpr int32_t kRowChunk = 32;
 
 void fail(const std::string& msg) { throw std::invalid_argument(msg); }
 
@@ -64,7 +66,18 @@ void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M,
   const QuantLinearArgs a{y, ldy, xqp, xrow, static_cast<const uint8_t*>(weight), wrow, type, bias, M, N, K};
   int nt = nt_max;
   if (static_cast<int64_t>(N) * wrow * std::max<int64_t>(1, M / 8) < kMinParallelBytes) nt = 1;
-  cpu::split_columns(N, nt, kColumnGrain, [&](int32_t n0, int32_t n1) { run_rows(a, n0, n1); });
+  // Many rows of x (prefill): a chunk of them at a time, so that the chunk's activation blocks stay
+  // in cache while each thread streams its weight rows past them (rather than every weight row
+  // streaming all of x).
+  cpu::split_columns(N, nt, kColumnGrain, [&](int32_t n0, int32_t n1) {
+    for (int32_t m0 = 0; m0 < M; m0 += kRowChunk) {
+      QuantLinearArgs chunk = a;
+      chunk.y = y + m0 * ldy;
+      chunk.xq = xqp + m0 * xrow;
+      chunk.M = std::min(kRowChunk, M - m0);
+      run_rows(chunk, n0, n1);
+    }
+  });
 }
 
 }  // namespace pyengine::kernels
