@@ -398,9 +398,9 @@ def print_memory_table(memory: dict[str, dict]) -> None:
 
 
 def print_mixtures(mixtures: dict[str, dict]) -> None:
-    print("\nTensor types of the quantized models (the two mixtures differ: where rows do not fit the format, "
-          "llama.cpp falls back to its own choice, e.g. Q5_0 for Q4_K, pyengine to Q8_0; llama.cpp's Q4_K_M also "
-          "keeps some attn_v/ffn_down in Q6_K)")
+    print("\nTensor types of the quantized models (both sides fall back alike where rows do not fit the format, "
+          "e.g. Q4_K -> Q5_0, Q6_K -> Q8_0; the Q4_K mixtures differ: llama.cpp's Q4_K_M stores some layers' attn_v "
+          "and ffn_down in Q6_K, pyengine's q4_k keeps Q4_K)")
     print("| format | llama.cpp GGUF (llama-quantize), tensors by type | pyengine (quantize-on-load plan), tensors "
           "by format |\n|---|---|---|")
     for dtype, m in mixtures.items():
