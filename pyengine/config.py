@@ -14,6 +14,7 @@ from pyengine.core import QUEUE_POLICIES as _QUEUE_POLICIES
 from pyengine.dtypes import KV_CACHE_DTYPES as _KV_CACHE_DTYPES
 from pyengine.dtypes import model_dtype
 from pyengine.quant.formats import quant_format
+from pyengine.quant.on_load import MIXTURES
 
 # The names the C++ core knows (one source: its enums, through the bindings).
 CAPACITY_POLICIES = tuple(_CAPACITY_POLICIES)
@@ -145,7 +146,13 @@ class EngineConfig:
         if not isinstance(self.quantize_lm_head, bool):
             raise TypeError(f"quantize_lm_head must be a bool, got {self.quantize_lm_head!r}")
         if self.quantization is not None:
-            self.quantization = quant_format(self.quantization).name  # ValueError naming the formats
+            if str(self.quantization).lower() in MIXTURES:
+                self.quantization = str(self.quantization).lower()
+            else:
+                try:
+                    self.quantization = quant_format(self.quantization).name
+                except ValueError as e:
+                    raise ValueError(f"{e}; or the mixture {', '.join(MIXTURES)}") from None
             if self.dtype != torch.float32:
                 raise ValueError(f"quantization={self.quantization!r} computes with float32 activations: dtype must "
                                  f"be 'float32', got {self.dtype}")

@@ -151,3 +151,22 @@ def test_the_float_checkpoint_is_not_kept_mapped(llama_q_dir):
     assert _resident_kib(str(llama_q_dir)) == 0
     out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)
     assert len(out[0].token_ids) == 2
+
+
+def test_q4_k_m_is_llama_cpps_mixture(checkpoint_factory):
+    """q4_k_m: Q4_K, with the v and down projections of llama.cpp's use_more_bits layers (the first
+    and last eighth, every third between: 0, 3, 6, 7 of 8) in Q6_K, the output projection Q6_K.
+    (Checked against llama-quantize's Q4_K_M file of such a model: the same bytes.)"""
+    model_dir = checkpoint_factory("llama_q_8layers", model_type="llama", hidden_size=256, intermediate_size=512,
+                                   num_heads=4, num_kv_heads=2, num_layers=8)
+    engine = Engine(model_dir, quantization="Q4_K_M")
+    report = engine._parts.quant_plan.report
+    more = {0, 3, 6, 7}
+    for i in range(8):
+        wide = "q6_k" if i in more else "q4_k"
+        assert report[f"model.layers.{i}.self_attn.v_proj.weight"] == wide
+        assert report[f"model.layers.{i}.mlp.down_proj.weight"] == wide
+        assert report[f"model.layers.{i}.self_attn.q_proj.weight"] == "q4_k"
+        assert engine._runner.model.layers[i]["qkv"].formats == (["q4_k", "q6_k"] if i in more else ["q4_k"])
+    assert report["lm_head.weight"] == "q6_k"
+    check_greedy_against_reference(engine, model_dir)

@@ -49,7 +49,8 @@ class Engine:
         fast at batch 1; its sums run in another order, so a greedy token can differ from
         transformers' where the two best logits are within rounding noise of each other.
     quantization: quantize the checkpoint's float weights at load, into one of llama.cpp's block
-        formats: "q8_0", "q5_0", "q4_0", "q4_k", "q6_k" (round to nearest, as llama-quantize does without an
+        formats: "q8_0", "q5_0", "q4_0", "q4_k", "q6_k", or "q4_k_m" (llama.cpp's Q4_K_M mixture)
+        (round to nearest, as llama-quantize does without an
         importance matrix; see `pyengine.quant`). The linear layers take that format (where a
         layer's rows do not fit it, the next one that fits); the output projection Q6_K (Q8_0 if
         its rows do not fit; Q8_0 stays Q8_0). Activations stay float32 (dtype must be float32).

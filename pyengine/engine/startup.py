@@ -103,7 +103,7 @@ def start_engine(**engine_args: Any) -> EngineParts:
         convert = None
         if parts.config.quantization is not None:
             parts.quant_plan = QuantPlan.create(parts.config.quantization, mc.tie_word_embeddings,
-                                                parts.config.quantize_lm_head)
+                                                parts.config.quantize_lm_head, mc.num_layers)
             convert = parts.quant_plan.convert
         if parts.gguf_header is not None:
             weights = gguf.load_weights(parts.gguf_header, mc, names, parts.config.dtype, optional)

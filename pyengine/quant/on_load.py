@@ -10,6 +10,8 @@ rules for a model quantized without an importance matrix:
 - norms and biases stay in the model's dtype.
 
 With ``quantize_lm_head=False`` the embedding table and lm_head stay in the model's dtype.
+``"q4_k_m"`` is llama.cpp's Q4_K_M mixture: Q4_K, with the v projection and the MLP's down
+projection of the layers `use_more_bits` picks in Q6_K.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from pyengine.quant.formats import QuantFormat, quant_format
 from pyengine.quant.weight import QuantizedWeight
 
-__all__ = ["QuantPlan", "FALLBACK", "LINEAR_SUFFIXES"]
+__all__ = ["QuantPlan", "FALLBACK", "LINEAR_SUFFIXES", "MIXTURES", "use_more_bits"]
 
 #: the names (suffixes) of a decoder layer's linear weights
 LINEAR_SUFFIXES = _LINEAR_SUFFIXES = tuple(f"self_attn.{p}_proj.weight" for p in "qkvo") + tuple(
@@ -33,6 +35,16 @@ _LM_HEAD = "lm_head.weight"
 FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0", "q5_0": "q8_0", "q4_0": "q8_0", "q4_z": "q8_0", "q8_0": None}
 
 
+#: quantization methods that are mixtures: name -> its base format
+MIXTURES = {"q4_k_m": "q4_k"}
+
+
+def use_more_bits(layer: int, num_layers: int) -> bool:
+    """llama.cpp's choice of the layers whose v projection and MLP down projection a Q4_K_M model
+    keeps in Q6_K: the first and last eighth of the layers, and every third one between."""
+    return layer < num_layers // 8 or layer >= 7 * num_layers // 8 or (layer - num_layers // 8) % 3 == 2
+
+
 @dataclass
 class QuantPlan:
     """The formats of one model's tensors, decided from names and shapes as tensors load."""
@@ -40,11 +52,18 @@ class QuantPlan:
     method: QuantFormat
     tied_embeddings: bool
     quantize_lm_head: bool = True
+    # Q4_K_M: some layers' v and down projections in Q6_K (use_more_bits); needs num_layers
+    more_bits: bool = False
+    num_layers: int = 0
     # tensor name -> format name, or the reason it stayed in the model's dtype
     report: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def create(cls, method: str, tied_embeddings: bool, quantize_lm_head: bool = True) -> "QuantPlan":
+    def create(cls, method: str, tied_embeddings: bool, quantize_lm_head: bool = True,
+               num_layers: int = 0) -> "QuantPlan":
+        """`method`: a format name, or "q4_k_m" (llama.cpp's Q4_K_M mixture)."""
+        if method in MIXTURES:
+            return cls(quant_format(MIXTURES[method]), tied_embeddings, quantize_lm_head, True, num_layers)
         return cls(quant_format(method), tied_embeddings, quantize_lm_head)
 
     def format_for(self, name: str, shape: tuple[int, ...]) -> QuantFormat | None:
@@ -52,6 +71,10 @@ class QuantPlan:
         if len(shape) != 2:
             return None
         k = shape[1]
+        if self.more_bits and name.endswith(("self_attn.v_proj.weight", "mlp.down_proj.weight")):
+            layer = int(name.split(".")[2])  # model.layers.<i>.
+            if use_more_bits(layer, self.num_layers):
+                return self._fitting("q6_k", k)
         is_output = name == _LM_HEAD or (name == _EMBED and self.tied_embeddings)
         if is_output or name == _EMBED:
             if not self.quantize_lm_head:
@@ -82,8 +105,9 @@ class QuantPlan:
             # keep the whole file's pages resident next to the quantized weights
             return tensor.clone()
         if fmt != self.method:
-            self.report[name] = f"{fmt.name} (rows of {tensor.shape[1]} weights)" if name.endswith(_LINEAR_SUFFIXES) \
-                else fmt.name
+            fitting = fmt.fits(tensor.shape[1]) and fmt.name in ("q6_k",) and self.more_bits
+            self.report[name] = f"{fmt.name} (rows of {tensor.shape[1]} weights)" \
+                if name.endswith(_LINEAR_SUFFIXES) and not fitting else fmt.name
         else:
             self.report[name] = fmt.name
         return QuantizedWeight.quantize(tensor, fmt)
