@@ -26,7 +26,7 @@ namespace {
 constexpr int64_t kPrefetchBytes = 4096;
 constexpr int32_t kStep = 16;  // columns per FMA pair (bf16: one 32-byte load)
 
-inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
+#include "simd_x86.h"
 
 // 16 weights times 16 columns of x into acc. bf16: a 32-byte load holds, in each 32-bit lane j,
 // element 2j (low half) and 2j + 1 (high half); a shift by 16 gives the even elements as fp32,
@@ -54,12 +54,6 @@ struct Tail {
   }
 };
 
-inline float hsum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
-
 template <typename W>
 void rows_m1(const LinearArgs& a, int32_t n0, int32_t n1) {
   const int32_t K = a.K;
@@ -77,7 +71,7 @@ void rows_m1(const LinearArgs& a, int32_t n0, int32_t n1) {
     for (int u = 0; k + kStep <= K; k += kStep, ++u) fma16(acc[u], x + k, w + k);
     if (k < K) fma16(acc[3], x + k, Tail<W>(w + k, K - k).v);
     const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    linear_store(a, 0, n, hsum(sum));
+    linear_store(a, 0, n, hsum8(sum));
   }
 }
 
@@ -102,7 +96,7 @@ void tile(const LinearArgs& a, const float* x, const W* w, float* out) {
       for (int m = 0; m < MB; ++m) fma16(acc[m][r], x + m * kp + k, t.v);
     }
   for (int m = 0; m < MB; ++m)
-    for (int r = 0; r < R; ++r) out[m * R + r] = hsum(acc[m][r]);
+    for (int r = 0; r < R; ++r) out[m * R + r] = hsum8(acc[m][r]);
 }
 
 constexpr int kMaxMB = 3;  // x rows per tile (3 x 4 accumulators of the 16 registers)

@@ -30,7 +30,7 @@ namespace {
 constexpr int64_t kPrefetchBytes = 4096;
 constexpr int32_t kPad = kLinearPad;
 
-inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
+#include "simd_x86.h"
 
 inline __mmask32 tail_mask(int32_t cols) { return static_cast<__mmask32>((1ull << cols) - 1u); }
 

@@ -1,6 +1,6 @@
 // The AVX2 compute code of the quantized linear kernel: 8-bit integer block dot products with
 // vpmaddubsw / vpmaddwd (32 weight-activation products per instruction pair), exact within a
-// block (Q8_0, Q4_0) or super-block (Q4_K, Q6_K), scaled into fp32 sums. Included by
+// block (Q8_0, Q5_0, Q4_0, Q4_Z) or super-block (Q4_K, Q6_K), scaled into fp32 sums. Included by
 // linear_quant_avx2.cpp, and by linear_quant_avx512.cpp, which compiles the same code for the
 // AVX-512 level (a CPU with AVX-512 has AVX2).
 //
@@ -19,22 +19,10 @@ constexpr int32_t kPrefetchBytes = 2048;
 constexpr int32_t kPrefetchM1Bytes = 4096;
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+#include "simd_x86.h"
 
-inline float hsum_ps(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
-
-inline int32_t hsum_epi32(__m256i v) {
-  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1)));
-}
-
-// ---- 32-weight blocks: Q8_0, Q4_0 ----
+// ---- 32-weight blocks: Q8_0, Q5_0, Q4_0, Q4_Z ----
 
 // A block's levels unpacked once (and reused for every row of x), then its dot product with 32
 // activations: 8 int32 partial sums. vpmaddubsw multiplies unsigned by signed bytes: Q8_0 moves
@@ -118,7 +106,7 @@ void tile32(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
   }
   if (b < nb) step(b, 0);
   for (int m = 0; m < MB; ++m)
-    for (int r = 0; r < R; ++r) out[m * R + r] = hsum_ps(_mm256_add_ps(acc[0][m][r], acc[1][m][r])) - off[m][r];
+    for (int r = 0; r < R; ++r) out[m * R + r] = hsum8(_mm256_add_ps(acc[0][m][r], acc[1][m][r])) - off[m][r];
 }
 
 // ---- 256-weight super-blocks: Q4_K, Q6_K (one weight row, MB x rows) ----
@@ -184,7 +172,7 @@ void row_q4_k(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
                                   accmin[m]);
     }
   }
-  for (int m = 0; m < MB; ++m) out[m] = hsum_ps(acc[m]) - hsum_ps(accmin[m]);
+  for (int m = 0; m < MB; ++m) out[m] = hsum8(acc[m]) - hsum8(accmin[m]);
 }
 
 template <int MB>
@@ -234,7 +222,7 @@ void row_q6_k(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
       acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * x[m][b].d), acc[m]);
     }
   }
-  for (int m = 0; m < MB; ++m) out[m] = hsum_ps(acc[m]);
+  for (int m = 0; m < MB; ++m) out[m] = hsum8(acc[m]);
 }
 
 // ---- tile loops ----
