@@ -25,7 +25,15 @@ using namespace cpu;
 
 void fail(const std::string& msg) { throw std::invalid_argument(msg); }
 
-// ---- Q8_0, Q4_0 ----
+// The value of largest magnitude among x[0..n), with its sign (the first such, 0 if all are 0).
+float signed_absmax(const float* x, int n) {
+  float amax = 0.0f, max = 0.0f;
+  for (int i = 0; i < n; ++i)
+    if (amax < std::fabs(x[i])) amax = std::fabs(x[i]), max = x[i];
+  return max;
+}
+
+// ---- Q8_0, Q4_0, Q5_0 ----
 
 void quantize_q8_0(const float* x, BlockQ8_0* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += kQK) {
@@ -40,11 +48,8 @@ void quantize_q8_0(const float* x, BlockQ8_0* y, int64_t nb) {
 
 void quantize_q4_0(const float* x, BlockQ4_0* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += kQK) {
-    // the value of largest magnitude, with its sign: it maps to -8 exactly
-    float amax = 0.0f, max = 0.0f;
-    for (int i = 0; i < kQK; ++i)
-      if (amax < std::fabs(x[i])) amax = std::fabs(x[i]), max = x[i];
-    const float d = max / -8.0f;
+    // the value of largest magnitude, with its sign, maps to -8 exactly
+    const float d = signed_absmax(x, kQK) / -8.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[b].d = f32_to_fp16(d);
     for (int j = 0; j < kQK / 2; ++j) {
@@ -58,10 +63,7 @@ void quantize_q4_0(const float* x, BlockQ4_0* y, int64_t nb) {
 
 void quantize_q5_0(const float* x, BlockQ5_0* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += kQK) {
-    float amax = 0.0f, max = 0.0f;
-    for (int i = 0; i < kQK; ++i)
-      if (amax < std::fabs(x[i])) amax = std::fabs(x[i]), max = x[i];
-    const float d = max / -16.0f;
+    const float d = signed_absmax(x, kQK) / -16.0f;  // (Q4_0's choice, 32 levels)
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[b].d = f32_to_fp16(d);
     uint32_t qh = 0;
@@ -222,10 +224,8 @@ constexpr float kGroupMaxEps = 1e-15f;
 // Levels -nmax..nmax-1 (stored + nmax in L) for n values, weights x^2; tries 19 grid scales
 // around nmax / max|x| and keeps the least-squares best. Returns the scale.
 float fit_scale_symmetric(int n, int nmax, const float* x, int8_t* L) {
-  float amax = 0, max = 0;
-  for (int i = 0; i < n; ++i)
-    if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), max = x[i];
-  if (amax < kGroupMaxEps) {
+  const float max = signed_absmax(x, n);
+  if (std::fabs(max) < kGroupMaxEps) {
     std::memset(L, 0, static_cast<size_t>(n));
     return 0.0f;
   }
