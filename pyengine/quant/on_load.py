@@ -66,25 +66,28 @@ class QuantPlan:
             return cls(quant_format(MIXTURES[method]), tied_embeddings, quantize_lm_head, True, num_layers)
         return cls(quant_format(method), tied_embeddings, quantize_lm_head)
 
-    def format_for(self, name: str, shape: tuple[int, ...]) -> QuantFormat | None:
-        """The format for tensor `name` of `shape`, or None to keep it in the model's dtype."""
+    def wanted_format(self, name: str, shape: tuple[int, ...]) -> str | None:
+        """The format llama.cpp's rules give tensor `name`, before any fallback for rows that do
+        not fit it; None: it stays in the model's dtype."""
         if len(shape) != 2:
             return None
-        k = shape[1]
         if self.more_bits and name.endswith(("self_attn.v_proj.weight", "mlp.down_proj.weight")):
-            layer = int(name.split(".")[2])  # model.layers.<i>.
-            if use_more_bits(layer, self.num_layers):
-                return self._fitting("q6_k", k)
+            if use_more_bits(int(name.split(".")[2]), self.num_layers):  # model.layers.<i>.
+                return "q6_k"
         is_output = name == _LM_HEAD or (name == _EMBED and self.tied_embeddings)
         if is_output or name == _EMBED:
             if not self.quantize_lm_head:
                 return None
-            if is_output and self.method.name != "q8_0":
-                return self._fitting("q6_k", k)
-            return self._fitting(self.method.name, k)
+            return "q6_k" if is_output and self.method.name != "q8_0" else self.method.name
         if name.endswith(_LINEAR_SUFFIXES):
-            return self._fitting(self.method.name, k)
+            return self.method.name
         return None
+
+    def format_for(self, name: str, shape: tuple[int, ...]) -> QuantFormat | None:
+        """The format for tensor `name` of `shape` (the wanted one, or its fallback where the rows
+        do not fit it), or None to keep it in the model's dtype."""
+        wanted = self.wanted_format(name, shape)
+        return None if wanted is None else self._fitting(wanted, shape[1])
 
     def _fitting(self, name: str, k: int) -> QuantFormat | None:
         while name is not None:
@@ -96,20 +99,18 @@ class QuantPlan:
 
     def convert(self, name: str, tensor: torch.Tensor) -> torch.Tensor | QuantizedWeight:
         """`tensor` quantized if the plan says so (recording what was done in `report`)."""
-        fmt = self.format_for(name, tuple(tensor.shape))
+        shape = tuple(tensor.shape)
+        wanted = self.wanted_format(name, shape)
+        fmt = None if wanted is None else self._fitting(wanted, shape[1])
         if fmt is None:
-            if len(tensor.shape) == 2:
+            if len(shape) == 2:
                 self.report[name] = "kept (quantize_lm_head=False)" if not self.quantize_lm_head else \
-                    f"kept (rows of {tensor.shape[1]} fit no format)"
+                    f"kept (rows of {shape[1]} fit no format)"
             # a copy: a tensor read from a safetensors file may view its memory map, which would
             # keep the whole file's pages resident next to the quantized weights
             return tensor.clone()
-        if fmt != self.method:
-            fitting = fmt.fits(tensor.shape[1]) and fmt.name in ("q6_k",) and self.more_bits
-            self.report[name] = f"{fmt.name} (rows of {tensor.shape[1]} weights)" \
-                if name.endswith(_LINEAR_SUFFIXES) and not fitting else fmt.name
-        else:
-            self.report[name] = fmt.name
+        fell_back = fmt.name != wanted and name.endswith(_LINEAR_SUFFIXES)
+        self.report[name] = f"{fmt.name} (rows of {shape[1]} weights)" if fell_back else fmt.name
         return QuantizedWeight.quantize(tensor, fmt)
 
     def summary(self) -> dict[str, int]:
