@@ -8,6 +8,8 @@ in Q6_K; pyengine fuses them into one qkv matrix all the same): each group is a 
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 
 import pyengine.core._core as _core
@@ -116,14 +118,18 @@ class QuantizedWeight:
     def contiguous(self) -> "QuantizedWeight":
         return self
 
+    def _row_groups(self) -> Iterator[tuple[QuantFormat, torch.Tensor, int, int]]:
+        """(format, blocks, first row, rows) of each row group, in row order."""
+        row = 0
+        for fmt, data in self.parts:
+            yield fmt, data, row, data.shape[0]
+            row += data.shape[0]
+
     def dequantize(self) -> torch.Tensor:
         """The fp32 values [N, K]."""
         out = torch.empty((self.n, self.k), dtype=torch.float32)
-        row = 0
-        for fmt, data in self.parts:
-            rows = data.shape[0]
+        for fmt, data, row, rows in self._row_groups():
             _core._dequantize_rows(fmt.type_id, data.data_ptr(), out[row:].data_ptr(), rows, self.k)
-            row += rows
         return out
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
@@ -140,9 +146,7 @@ class QuantizedWeight:
             if bad.numel():
                 i = int(bad[0])
                 raise ValueError(f"ids[{i}]: {int(flat[i])} is out of range [0, {self.n})")
-            row = 0
-            for fmt, data in self.parts:
-                rows = data.shape[0]
+            for fmt, data, row, rows in self._row_groups():
                 sel = ((flat >= row) & (flat < row + rows)).nonzero().flatten()
                 if sel.numel():
                     local = (flat[sel] - row).contiguous()
@@ -150,7 +154,6 @@ class QuantizedWeight:
                     _core._dequantize_gather(fmt.type_id, data.data_ptr(), rows, self.k, local.data_ptr(),
                                              local.numel(), part.data_ptr())
                     out[sel] = part
-                row += rows
         return out.reshape(*ids.shape, self.k)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None,
@@ -177,13 +180,10 @@ class QuantizedWeight:
             if tuple(bias.shape) != (self.n,):
                 raise ValueError(f"bias: expected shape ({self.n},), got {tuple(bias.shape)}")
         threads = torch.get_num_threads()
-        row = 0
-        for fmt, data in self.parts:
-            rows = data.shape[0]
+        for fmt, data, row, rows in self._row_groups():
             b = 0 if bias is None else bias[row:].data_ptr()
             _core._linear_quant(out[:, row:].data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), m,
                                 data.data_ptr(), fmt.type_id, rows, self.k, b, threads)
-            row += rows
         return out
 
     def __repr__(self) -> str:
