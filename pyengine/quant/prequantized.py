@@ -84,11 +84,21 @@ def _expect(name: str, t: torch.Tensor, shape: tuple[int, ...], dtypes: tuple[to
         raise ValueError(f"tensor {name!r} has dtype {t.dtype}, expected {' or '.join(map(str, dtypes))}")
 
 
-def repack_linear(spec: PrequantizedSpec, prefix: str, n: int, k: int,
+def repack_linear(spec: PrequantizedSpec, prefix: str,
                   get: Callable[[str], torch.Tensor | None]) -> QuantizedWeight:
-    """The layer `prefix` ([n, k] as nn.Linear's weight) read through `get(tensor name)` (None:
-    absent) and repacked into Q4_Z blocks. ValueError naming the tensor and value on a layout
-    that does not match the config."""
+    """The layer `prefix` read through `get(tensor name)` (None: absent) and repacked into Q4_Z
+    blocks; its shape [N, K] (nn.Linear's) comes from its levels: AWQ [K, N / 8], GPTQ [K / 8, N].
+    ValueError naming the tensor and value on a layout that does not match the config."""
+    qweight, qzeros, scales = (get(f"{prefix}.{t}") for t in ("qweight", "qzeros", "scales"))
+    for t, v in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
+        if v is None:
+            raise ValueError(f"checkpoint is missing tensor {prefix + '.' + t!r} ({spec.method} layer): a "
+                             f"{spec.method} checkpoint stores each linear layer as "
+                             f"{', '.join(LINEAR_TENSORS[spec.method])} (or its float weight {prefix}.weight)")
+    if qweight.dim() != 2:
+        raise ValueError(f"tensor {prefix + '.qweight'!r} has shape {tuple(qweight.shape)}, expected 2 dims")
+    n, k = (qweight.shape[1], qweight.shape[0] * 8) if spec.method == "gptq" else \
+        (qweight.shape[1] * 8, qweight.shape[0])
     g = k if spec.group_size == -1 else spec.group_size
     if g % 32 or k % g:
         raise ValueError(f"{prefix}: group_size={spec.group_size} must be a multiple of 32 that divides the "
@@ -96,10 +106,6 @@ def repack_linear(spec: PrequantizedSpec, prefix: str, n: int, k: int,
     if n % 8:
         raise ValueError(f"{prefix}: {n} output features is not a multiple of 8 (the packing's)")
     ng = k // g
-    qweight, qzeros, scales = (get(f"{prefix}.{t}") for t in ("qweight", "qzeros", "scales"))
-    for t, v in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
-        if v is None:
-            raise ValueError(f"checkpoint is missing tensor {prefix + '.' + t!r} ({spec.method} layer)")
     ints = (torch.int32,)
     _expect(f"{prefix}.scales", scales, (ng, n), (torch.float16,))
     _expect(f"{prefix}.qzeros", qzeros, (ng, n // 8), ints)
@@ -161,17 +167,5 @@ def load_prequantized(model_dir: str | Path, names: list[str], dtype: torch.dtyp
     out = load_tensors(model_dir, floats, dtype, optional, own_memory=True)
     get = tensor_getter(files, _open)
     for name in linears:
-        prefix = name[: -len(".weight")]
-        qweight, scales = get(prefix + ".qweight"), get(prefix + ".scales")
-        if qweight is None or scales is None:
-            raise ValueError(f"checkpoint {str(model_dir)!r} is missing tensor "
-                             f"{prefix + ('.qweight' if qweight is None else '.scales')!r} "
-                             f"(nor has it {name!r}): a {spec.method} checkpoint stores each linear layer as "
-                             f"{', '.join(LINEAR_TENSORS[spec.method])}")
-        if qweight.dim() != 2:
-            raise ValueError(f"tensor {prefix + '.qweight'!r} has shape {tuple(qweight.shape)}, expected 2 dims")
-        # the layer's shape from its levels: AWQ [K, N / 8], GPTQ [K / 8, N]
-        n, k = (qweight.shape[1], qweight.shape[0] * 8) if spec.method == "gptq" else \
-            (qweight.shape[1] * 8, qweight.shape[0])
-        out[name] = repack_linear(spec, prefix, n, k, get)
+        out[name] = repack_linear(spec, name[: -len(".weight")], get)
     return out
