@@ -105,15 +105,17 @@ def test_quantize_lm_head_false_keeps_embeddings_float(llama_q_dir):
 
 
 def test_no_float_copy_of_quantized_weights(llama_q_dir):
-    """The model holds the blocks only: its weight bytes are those of the formats."""
+    """The model holds the blocks only: its weight bytes are those of the formats, in the layouts
+    the kernels read (Q4_K interleaved: 148 bytes per 256 weights, its 6-bit scales unpacked;
+    Q6_K interleaved: 210, as in the file)."""
     engine = Engine(llama_q_dir, quantization="q4_k")
     model = engine._runner.model
     per_layer = {"qkv": (512, 256), "o": (256, 256), "gate_up": (1024, 256), "down": (256, 512)}
     for layer in model.layers:
         for name, (n, k) in per_layer.items():
-            assert isinstance(layer[name], QuantizedWeight)
-            assert layer[name].nbytes == n * k // 256 * 144
-    assert model.lm_head.nbytes == 512 * 256 // 256 * 210
+            assert isinstance(layer[name], QuantizedWeight) and layer[name].layouts == ["q4_kx8"]
+            assert layer[name].nbytes == n * k // 256 * 148
+    assert model.lm_head.layouts == ["q6_kx8"] and model.lm_head.nbytes == 512 * 256 // 256 * 210
 
 
 @pytest.mark.parametrize("kwargs,phase,message", [

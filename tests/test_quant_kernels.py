@@ -12,9 +12,11 @@ from gguf import GGMLQuantizationType, quants as gguf_quants
 
 import pyengine.core._core as _core
 from pyengine.quant import QUANT_FORMATS, QuantizedWeight, quant_format
+from pyengine.quant.formats import INTERLEAVED_LAYOUTS
 
 U = 2.0 ** -24  # fp32 unit roundoff
 FORMATS = list(QUANT_FORMATS)  # q8_0, q5_0, q4_0, q4_k, q6_k, q4_z
+X8 = list(INTERLEAVED_LAYOUTS)  # the formats with an interleaved layout: q4_0, q4_k, q6_k
 GGUF_TYPE = {"q8_0": GGMLQuantizationType.Q8_0, "q5_0": GGMLQuantizationType.Q5_0, "q4_0": GGMLQuantizationType.Q4_0,
              "q4_k": GGMLQuantizationType.Q4_K, "q6_k": GGMLQuantizationType.Q6_K}
 
@@ -107,7 +109,7 @@ def test_quantization_error_is_that_of_the_format(fmt, max_rel_rmse):
 
 def check_linear(q: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     y = q.linear(x, bias)
-    fmt = q.parts[0][0]
+    fmt = q.plain().parts[0][0]
     block = 32 if fmt.block_elems == 32 else 256
     qx = quantize_activations(x, block)
     wd = q.dequantize().double().numpy()
@@ -117,7 +119,7 @@ def check_linear(q: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None 
     # addition per block; Q4_K sums its scaled levels and its offsets apart
     terms = np.abs(qx) @ np.abs(wd).T + np.abs(b)
     if fmt.name == "q4_k":
-        terms += 2 * np.abs(qx) @ q4_k_offsets(q.parts[0][1].numpy(), q.k).T  # |d sc q| <= |w| + |off|
+        terms += 2 * np.abs(qx) @ q4_k_offsets(q.plain().parts[0][1].numpy(), q.k).T  # |d sc q| <= |w| + |off|
     nb = q.k // block
     gamma = (nb + 6) * U / (1 - (nb + 6) * U)
     err = np.abs(y.double().numpy() - exact)
@@ -136,6 +138,24 @@ def test_linear_matches_fp64_reference_at_every_row_count(fmt, cpu_isa):
     for m in (1, 2, 3, 4, 5, 7, 8, 13):
         part = check_linear(q, x[:m].clone())
         # batch invariance: a row's output does not depend on the other rows of the batch
+        assert torch.equal(part, full[:m]), f"M={m}"
+
+
+@pytest.mark.parametrize("fmt", X8)
+def test_interleaved_linear_matches_fp64_reference_at_every_row_count(fmt, cpu_isa):
+    """The interleaved layouts (8 rows side by side), every row count of x up to the tile (4) and
+    past it, 5 groups of rows (one thread's share is not a whole number of tiles)."""
+    n, k = 40, 768
+    plain = QuantizedWeight.quantize(weights(n, k, seed=4), fmt)
+    q = plain.interleaved()
+    assert q.layouts == [fmt + "x8"]
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(64, k, generator=g)
+    x[3, 100] = 50.0
+    bias = torch.randn(n, generator=g)
+    full = check_linear(q, x, bias)
+    for m in (1, 2, 3, 4, 5, 7, 8, 13):
+        part = check_linear(q, x[:m].clone(), bias)
         assert torch.equal(part, full[:m]), f"M={m}"
 
 
@@ -166,6 +186,73 @@ def test_linear_mixed_formats_write_their_column_ranges(cpu_isa):
     assert torch.equal(fused.embedding(ids), fused.dequantize()[ids])
 
 
+@pytest.mark.parametrize("fmt", X8)
+def test_interleaving_keeps_every_value(fmt):
+    """interleaved() and back is the identity on the bytes; values, embedding rows and the
+    format reported stay those of the plain layout; sizes are the plain format's (Q4_K: plus its
+    unpacked scales, 148 bytes per 256 weights against 144)."""
+    k = 512
+    q = QuantizedWeight.quantize(weights(24, k, seed=20), fmt)
+    x8 = q.interleaved()
+    assert x8.layouts == [fmt + "x8"] and x8.formats == [fmt] and x8.shape == q.shape
+    assert x8.nbytes == (24 * k // 256 * 148 if fmt == "q4_k" else q.nbytes)
+    assert torch.equal(x8.plain().parts[0][1], q.parts[0][1])
+    assert torch.equal(x8.dequantize(), q.dequantize())
+    ids = torch.tensor([[23, 0], [9, 16]])
+    assert torch.equal(x8.embedding(ids), q.dequantize()[ids])
+    assert x8.interleaved() is x8 and q.plain() is q
+
+
+def test_q4_0x8_byte_layout():
+    """Q4_0x8 as documented in cpu_quant.h: per 32 weights the 8 rows' fp16 scales, then 4 chunks
+    c of 32 bytes whose byte 4j + t holds row j's levels at 8c + t (low nibble), 8c + 4 + t (high)."""
+    q = QuantizedWeight.quantize(weights(8, 64, seed=21), "q4_0")
+    plain = q.parts[0][1].numpy().reshape(8, 2, 18)
+    levels = np.concatenate([plain[..., 2:] & 15, plain[..., 2:] >> 4], axis=-1)  # [row, block, 32]
+    x8 = q.interleaved().parts[0][1].numpy().reshape(2, 144)
+    for b in range(2):
+        assert np.array_equal(x8[b, :16].reshape(8, 2), plain[:, b, :2])
+        for c in range(4):
+            for j in range(8):
+                for t in range(4):
+                    assert x8[b, 16 + 32 * c + 4 * j + t] == levels[j, b, 8 * c + t] | (levels[j, b, 8 * c + 4 + t] << 4)
+
+
+def test_only_whole_groups_of_8_rows_interleave(cpu_isa):
+    """A row group that is not a multiple of 8 rows, or of a format without an interleaved layout,
+    stays as it is; a fused weight of several groups keeps each group's columns."""
+    k = 512
+    parts = [QuantizedWeight.quantize(weights(16, k, seed=22), "q4_k"),
+             QuantizedWeight.quantize(weights(5, k, seed=23), "q6_k"),
+             QuantizedWeight.quantize(weights(8, k, seed=24), "q8_0")]
+    fused = QuantizedWeight.cat(parts).interleaved()
+    assert fused.layouts == ["q4_kx8", "q6_k", "q8_0"] and fused.formats == ["q4_k", "q6_k", "q8_0"]
+    assert parts[2].interleaved() is parts[2]
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(25))
+    assert torch.equal(fused.linear(x), torch.cat([parts[0].interleaved().linear(x), parts[1].linear(x),
+                                                    parts[2].linear(x)], dim=1))
+
+
+def test_interleaved_layouts_reject_bad_input():
+    q = QuantizedWeight.quantize(weights(16, 256, seed=26), "q4_0")
+    x8 = q.interleaved()
+    fmt = INTERLEAVED_LAYOUTS["q4_0"]
+    with pytest.raises(ValueError, match=r"q4_0x8 holds groups of 8 rows, got 12 rows"):
+        QuantizedWeight([(fmt, x8.parts[0][1][:12])], 256)
+    x, y = torch.zeros(1, 256), torch.zeros(1, 16)
+    with pytest.raises(ValueError, match=r"N: q4_0x8 holds groups of 8 rows, got 12"):
+        _core._linear_quant(y.data_ptr(), 16, x.data_ptr(), 256, 1, x8.data_ptr(), fmt.type_id, 12, 256, 0, 1)
+    src, dst = torch.zeros(8, 256), torch.zeros(8, 144, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"type: q4_0x8 is an interleaved layout: quantize to q4_0, then interleave_rows"):
+        _core._quantize_rows(fmt.type_id, src.data_ptr(), dst.data_ptr(), 8, 256, 1)
+    with pytest.raises(ValueError, match=r"type: q8_0 has no interleaved layout"):
+        _core._interleave_rows(8, dst.data_ptr(), dst.data_ptr(), 8, 32)
+    with pytest.raises(ValueError, match=r"interleaved: q4_0 is not an interleaved layout"):
+        _core._deinterleave_rows(2, dst.data_ptr(), dst.data_ptr(), 8, 32)
+    with pytest.raises(ValueError, match=r"rows: must be a multiple of 8, got 12"):
+        _core._interleave_rows(2, dst.data_ptr(), dst.data_ptr(), 12, 32)
+
+
 def test_quantized_linear_rejects_bad_input():
     q = QuantizedWeight.quantize(weights(8, 256, seed=12), "q4_0")
     with pytest.raises(ValueError, match=r"x: expected shape \[M, 256\], got \(2, 128\)"):
@@ -174,7 +261,8 @@ def test_quantized_linear_rejects_bad_input():
         q.linear(torch.zeros(2, 256), torch.zeros(7))
     with pytest.raises(ValueError, match=r"K: q4_k rows must hold a positive multiple of 256 weights, got 96"):
         _core._quant_row_bytes(12, 96)
-    with pytest.raises(ValueError, match=r"unknown quantization type id 7 \(known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k, 100 = q4_z\)"):
+    with pytest.raises(ValueError, match=r"unknown quantization type id 7 \(known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k, "
+                                         r"100 = q4_z; interleaved: 202 = q4_0x8, 212 = q4_kx8, 214 = q6_kx8\)"):
         _core._quant_format(7)
     out = torch.full((2, 256), 7.0)
     ids = torch.tensor([0, 8])

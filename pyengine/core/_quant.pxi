@@ -12,6 +12,10 @@ cdef extern from "pyengine/cpu_quant.h" namespace "pyengine::kernels" nogil:
         int32_t block_elems
         int32_t block_bytes
     QuantFormat quant_format(QuantType type) except +
+    QuantType interleaved_type(QuantType type)
+    void interleave_rows(QuantType type, const void* src, void* dst, int64_t rows, int64_t K) except +
+    void deinterleave_rows(QuantType interleaved, const void* src, void* dst, int64_t rows,
+                           int64_t K) except +
     int64_t quant_row_bytes(QuantType type, int64_t K) except +
     void quantize_rows(QuantType type, const float* src, void* dst, int64_t rows, int64_t K,
                        int32_t num_threads) except +
@@ -28,6 +32,22 @@ def _quant_format(int32_t type_id) -> tuple:
     """(name, block_elems, block_bytes) of a GGML type id. Raises ValueError for an unknown id."""
     cdef QuantFormat f = quant_format(<QuantType>type_id)
     return f.name.decode(), f.block_elems, f.block_bytes
+
+
+def _interleaved_type(int32_t type_id) -> int:
+    """The type id of the interleaved layout of `type_id` (8 rows side by side), or `type_id`
+    itself where there is none."""
+    return <int32_t>interleaved_type(<QuantType>type_id)
+
+
+def _interleave_rows(int32_t type_id, uintptr_t src, uintptr_t dst, int64_t rows, int64_t K):
+    with nogil:
+        interleave_rows(<QuantType>type_id, <const void*>src, <void*>dst, rows, K)
+
+
+def _deinterleave_rows(int32_t type_id, uintptr_t src, uintptr_t dst, int64_t rows, int64_t K):
+    with nogil:
+        deinterleave_rows(<QuantType>type_id, <const void*>src, <void*>dst, rows, K)
 
 
 def _quant_row_bytes(int32_t type_id, int64_t K) -> int:

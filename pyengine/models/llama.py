@@ -72,6 +72,8 @@ class LlamaFamilyModel:
             t = weights.pop(name)
             if tuple(t.shape) != shape:
                 raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {shape} from config.json")
+            if isinstance(t, QuantizedWeight):  # the layout the CPU kernels compute fastest from
+                return t.interleaved()
             return t.to(self.device).contiguous()
 
         self.embed = take("model.embed_tokens.weight", (c.vocab_size, c.hidden_size))

@@ -3,7 +3,9 @@ operations a model needs from it -- the linear layer, an embedding lookup, dequa
 
 The rows may come in groups of different formats (a GGUF file can store q and k in Q4_K and v
 in Q6_K; pyengine fuses them into one qkv matrix all the same): each group is a uint8 tensor
-[rows, row_bytes] of llama.cpp blocks. No fp32 or bf16 copy of the weights is kept.
+[rows, row_bytes] of llama.cpp blocks, or of their interleaved layout (`interleaved()`: 8 rows
+side by side, what the CPU kernels compute fastest from). No fp32 or bf16 copy of the weights is
+kept.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Iterator
 import torch
 
 import pyengine.core._core as _core
-from pyengine.quant.formats import QuantFormat, quant_format
+from pyengine.quant.formats import INTERLEAVED_LAYOUTS, QuantFormat, quant_format
 
 __all__ = ["QuantizedWeight"]
 
@@ -39,6 +41,8 @@ class QuantizedWeight:
             if data.dtype != torch.uint8 or data.dim() != 2 or data.shape[1] != rb or not data.is_cpu:
                 raise ValueError(f"{fmt.name} rows of {k} weights: expected a CPU uint8 tensor [rows, {rb}], "
                                  f"got {data.dtype} {tuple(data.shape)} on {data.device}")
+            if data.shape[0] % fmt.group_rows:
+                raise ValueError(f"{fmt.name} holds groups of {fmt.group_rows} rows, got {data.shape[0]} rows")
             checked.append((fmt, data.contiguous()))
         self.parts = checked
         self.k = k
@@ -87,6 +91,40 @@ class QuantizedWeight:
                     groups.append((fmt, [data]))
         return QuantizedWeight([(f, d[0] if len(d) == 1 else torch.cat(d)) for f, d in groups], k)
 
+    def interleaved(self) -> "QuantizedWeight":
+        """The same weights with each row group whose format has an interleaved layout (Q4_0, Q4_K,
+        Q6_K) and whose rows are a multiple of 8 in that layout; the values, and the results of
+        every operation but for the order of the fp32 sums, are the same. Returns `self` when no
+        group changes."""
+        parts = []
+        for fmt, data in self.parts:
+            layout = INTERLEAVED_LAYOUTS.get(fmt.name)
+            if layout is None or data.shape[0] % layout.group_rows:
+                parts.append((fmt, data))
+                continue
+            out = torch.empty((data.shape[0], layout.row_bytes(self.k)), dtype=torch.uint8)
+            _core._interleave_rows(fmt.type_id, data.data_ptr(), out.data_ptr(), data.shape[0], self.k)
+            parts.append((layout, out))
+        if all(p[1] is d for p, (_, d) in zip(parts, self.parts)):
+            return self
+        return QuantizedWeight(parts, self.k)
+
+    def plain(self) -> "QuantizedWeight":
+        """The same weights with every row group in its format's own (llama.cpp's) layout: what a
+        GGUF file stores. Returns `self` when no group is interleaved."""
+        if not any(fmt.interleaved for fmt, _ in self.parts):
+            return self
+        parts = []
+        for fmt, data in self.parts:
+            if fmt.interleaved:
+                plain = quant_format(fmt.plain)
+                out = torch.empty((data.shape[0], plain.row_bytes(self.k)), dtype=torch.uint8)
+                _core._deinterleave_rows(fmt.type_id, data.data_ptr(), out.data_ptr(), data.shape[0], self.k)
+                parts.append((plain, out))
+            else:
+                parts.append((fmt, data))
+        return QuantizedWeight(parts, self.k)
+
     # ---- what a model reads ----
 
     @property
@@ -103,7 +141,12 @@ class QuantizedWeight:
 
     @property
     def formats(self) -> list[str]:
-        """The formats of the row groups, in row order."""
+        """The formats of the row groups, in row order (an interleaved group: the format it holds)."""
+        return [f.plain or f.name for f, _ in self.parts]
+
+    @property
+    def layouts(self) -> list[str]:
+        """The layouts of the row groups, in row order ("q4_0x8" for interleaved Q4_0, ...)."""
         return [f.name for f, _ in self.parts]
 
     def data_ptr(self) -> int:
@@ -187,4 +230,4 @@ class QuantizedWeight:
         return out
 
     def __repr__(self) -> str:
-        return f"QuantizedWeight(shape={self.shape}, formats={self.formats}, bytes={self.nbytes})"
+        return f"QuantizedWeight(shape={self.shape}, layouts={self.layouts}, bytes={self.nbytes})"

@@ -16,6 +16,25 @@
 //         Q4_0;                                                 w = d * (q - z)
 // A weight matrix [N, K] is N rows of K / block_elems blocks each (K a multiple of the block).
 //
+// Interleaved layouts (pyengine's, made at load time, never stored in files): the same values
+// with 8 rows side by side, so that the kernels multiply 8 rows at once, one row per 32-bit
+// lane, with no horizontal sums. A matrix is N / 8 groups (N a multiple of 8); a group is
+// K / block_elems group blocks; in a group block, "byte 4j + t of a 32-byte chunk" belongs to
+// row j:
+//   Q4_0x8  per 32 weights (144 bytes): fp16 d[8] (row j's), then 4 chunks c of 32 bytes, byte
+//           4j + t = level(j, 8c + t) | level(j, 8c + 4 + t) << 4 (levels 0..15 as in Q4_0)
+//   Q4_Kx8  per 256 weights (1184 bytes): fp16 d[8], fp16 dmin[8], scales[8 sub-blocks][8 rows]
+//           and mins[4 pairs of sub-blocks][8 rows][2] as plain 6-bit values, then per sub-block
+//           s 4 chunks c as Q4_0x8's over positions 32s + 8c + (0..7)
+//   Q6_Kx8  per 256 weights (1680 bytes): fp16 d[8], int8 scales[8 pairs of sub-blocks][8 rows]
+//           [2], then per sub-block s of 16: ql chunks A, B and qh chunk H of 32 bytes; the
+//           level (0..63) of row j at position 16s + 4v + t has its low 4 bits in the low (v =
+//           0, 2) or high (v = 1, 3) nibble of byte 4j + t of A (v = 0, 1) or B (v = 2, 3) and its
+//           top 2 bits in bits 2v, 2v + 1 of byte 4j + t of H
+// A row of an interleaved matrix "has" K / block_elems * (group block bytes / 8) bytes, so a
+// matrix takes N * row bytes in either layout (Q4_Kx8: 148 bytes a row per 256 weights against
+// Q4_K's 144, its scales being unpacked).
+//
 // The linear layer quantizes the activations per block on the fly (to 8 bits: one fp32 scale
 // per 32 values for Q8_0 / Q5_0 / Q4_0 weights, per 256 for Q4_K / Q6_K, as llama.cpp does) and sums
 // the integer products of each block exactly, in fp32 across blocks.
@@ -28,13 +47,20 @@
 namespace pyengine::kernels {
 
 // The GGML type ids (the numbers in a GGUF file's tensor infos).
-// (Q4_Z has no GGML id: 100 is pyengine's.)
-enum class QuantType : int32_t { kQ4_0 = 2, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14, kQ4_Z = 100 };
+// (Q4_Z has no GGML id: 100 is pyengine's; so are the interleaved layouts', 200 + the id of the
+// format they hold.)
+enum class QuantType : int32_t {
+  kQ4_0 = 2, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14, kQ4_Z = 100,
+  kQ4_0x8 = 202, kQ4_Kx8 = 212, kQ6_Kx8 = 214,
+};
+
+// Rows per group of an interleaved layout.
+constexpr int32_t kInterleaveRows = 8;
 
 struct QuantFormat {
-  const char* name;      // "q8_0", "q5_0", "q4_0", "q4_k", "q6_k", "q4_z"
+  const char* name;      // "q8_0", "q5_0", "q4_0", "q4_k", "q6_k", "q4_z", "q4_0x8", "q4_kx8", "q6_kx8"
   int32_t block_elems;   // weights per block
-  int32_t block_bytes;   // bytes per block
+  int32_t block_bytes;   // bytes per block (interleaved layouts: per row, a group block's / 8)
 };
 
 // The format of `type`; throws for a type id this build does not know.
@@ -42,6 +68,17 @@ QuantFormat quant_format(QuantType type);
 
 // Bytes of one quantized row of K weights; throws unless K is a positive multiple of the block.
 int64_t quant_row_bytes(QuantType type, int64_t K);
+
+// The interleaved layout of `type` (Q4_0 -> Q4_0x8, ...), or `type` itself where there is none.
+QuantType interleaved_type(QuantType type);
+// The format an interleaved layout holds (Q4_0x8 -> Q4_0); other types: themselves.
+QuantType plain_type(QuantType type);
+
+// Copies `rows` rows of K weights of `type` (a format with an interleaved layout; rows a multiple
+// of 8) into its interleaved layout at `dst` (rows * quant_row_bytes(interleaved_type(type), K)
+// bytes); deinterleave_rows undoes it, byte for byte.
+void interleave_rows(QuantType type, const void* src, void* dst, int64_t rows, int64_t K);
+void deinterleave_rows(QuantType interleaved, const void* src, void* dst, int64_t rows, int64_t K);
 
 // Quantizes rows [rows, K] of fp32 weights into `dst` (rows * quant_row_bytes bytes) by
 // round-to-nearest, as llama.cpp's reference quantizers do without an importance matrix (Q4_K
@@ -51,7 +88,8 @@ int64_t quant_row_bytes(QuantType type, int64_t K);
 void quantize_rows(QuantType type, const float* src, void* dst, int64_t rows, int64_t K,
                    int32_t num_threads);
 
-// The fp32 values of `rows` quantized rows of K weights.
+// The fp32 values of `rows` quantized rows of K weights (interleaved layouts: rows a multiple of
+// 8).
 void dequantize_rows(QuantType type, const void* src, float* dst, int64_t rows, int64_t K);
 
 // dst[i, :] = the fp32 values of row ids[i] (0 <= ids[i] < num_rows): an embedding lookup.
@@ -60,7 +98,7 @@ void dequantize_gather(QuantType type, const void* src, int64_t num_rows, int64_
 
 // y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]) for a quantized W [N, K] (type `type`), fp32 x
 // [M, K] (rows `ldx` floats apart) and y [M, N] (rows `ldy` floats apart, so one call can fill
-// a column range of a wider output). Any M >= 1: the weights are read once, in tiles reused
+// a column range of a wider output; N a multiple of 8 for an interleaved layout). Any M >= 1: the weights are read once, in tiles reused
 // from cache for all rows of x. Threads over output columns (`num_threads` <= 0: OpenMP's
 // default), with the compute code of the active instruction-set level (pyengine/cpu_isa.h).
 void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M, const void* weight,

@@ -22,7 +22,7 @@ using cpu::QuantLinearArgs;
 
 // Below this many weight bytes a call runs on one thread (a fork/join costs more).
 constexpr int64_t kMinParallelBytes = 1 << 14;
-// Output columns handed to a thread are a multiple of this.
+// Output columns handed to a thread are a multiple of this (interleaved layouts: of their groups).
 constexpr int32_t kColumnGrain = 4;
 // Rows of x per pass over the weights.
 constexpr int32_t kRowChunk = 32;
@@ -43,6 +43,10 @@ void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M,
   if (M < 1) fail("M: must be > 0, got " + std::to_string(M));
   if (N < 1) fail("N: must be > 0, got " + std::to_string(N));
   const int64_t wrow = quant_row_bytes(type, K);  // checks the type and K
+  const bool interleaved = plain_type(type) != type;
+  if (interleaved && N % kInterleaveRows != 0)
+    fail("N: " + std::string(quant_format(type).name) + " holds groups of " + std::to_string(kInterleaveRows) +
+         " rows, got " + std::to_string(N));
   if (ldx < K) fail("ldx: must be >= K = " + std::to_string(K) + ", got " + std::to_string(ldx));
   if (ldy < N) fail("ldy: must be >= N = " + std::to_string(N) + ", got " + std::to_string(ldy));
   (void)cpu_isa();  // throws here, before any thread starts, if PYENGINE_CPU_ISA is invalid
@@ -69,7 +73,7 @@ void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M,
   // Many rows of x (prefill): a chunk of them at a time, so that the chunk's activation blocks stay
   // in cache while each thread streams its weight rows past them (rather than every weight row
   // streaming all of x).
-  cpu::split_columns(N, nt, kColumnGrain, [&](int32_t n0, int32_t n1) {
+  cpu::split_columns(N, nt, interleaved ? kInterleaveRows : kColumnGrain, [&](int32_t n0, int32_t n1) {
     for (int32_t m0 = 0; m0 < M; m0 += kRowChunk) {
       QuantLinearArgs chunk = a;
       chunk.y = y + m0 * ldy;

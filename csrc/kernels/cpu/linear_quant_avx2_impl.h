@@ -4,6 +4,8 @@
 // linear_quant_avx2.cpp, and by linear_quant_avx512.cpp, which compiles the same code for the
 // AVX-512 level (a CPU with AVX-512 has AVX2).
 //
+// The interleaved layouts' code is in linear_quant_x8_avx2_impl.h.
+//
 // Tiles: the 32-weight formats keep MB x rows by R weight rows of fp32 partial sums in
 // registers (M == 1: one weight row at a time, in order, prefetched far ahead); the 256-weight
 // formats take one weight row against MB x rows, its scales unpacked once per super-block.
@@ -285,6 +287,8 @@ void rows256(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
     }
 }
 
+#include "linear_quant_x8_avx2_impl.h"
+
 }  // namespace
 
 void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
@@ -295,6 +299,9 @@ void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
     case QuantType::kQ4_Z: return rows32<BlockQ4_Z>(a, n0, n1);
     case QuantType::kQ4_K:
     case QuantType::kQ6_K: return rows256(a, n0, n1);
+    case QuantType::kQ4_0x8:
+    case QuantType::kQ4_Kx8:
+    case QuantType::kQ6_Kx8: return rows_x8(a, n0, n1);
   }
 }
 

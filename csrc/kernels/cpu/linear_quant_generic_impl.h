@@ -7,8 +7,10 @@
 #endif
 
 #include <cstdint>
+#include <vector>
 
 #include "linear_quant_common.h"
+#include "quant_interleave.h"
 
 namespace pyengine::kernels::cpu::PYENGINE_ISA_NS {
 
@@ -125,6 +127,7 @@ float dot_row(const QuantLinearArgs& a, const uint8_t* w, const uint8_t* x) {
       return dot_q4_k(reinterpret_cast<const BlockQ4_K*>(w), reinterpret_cast<const ActQ8_256*>(x), a.K / kQKK);
     case QuantType::kQ6_K:
       return dot_q6_k(reinterpret_cast<const BlockQ6_K*>(w), reinterpret_cast<const ActQ8_256*>(x), a.K / kQKK);
+    default: break;  // interleaved layouts: deinterleaved first
   }
   return 0.0f;
 }
@@ -132,6 +135,20 @@ float dot_row(const QuantLinearArgs& a, const uint8_t* w, const uint8_t* x) {
 }  // namespace
 
 void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
+  const QuantType plain = plain_type(a.type);
+  if (plain != a.type) {  // an interleaved layout: each group of 8 rows back to plain rows first
+    QuantLinearArgs p = a;
+    p.type = plain;
+    p.wrow_bytes = quant_row_bytes(plain, a.K);
+    std::vector<uint8_t> rows(static_cast<size_t>(kRows8 * p.wrow_bytes));
+    for (int32_t g = n0 / kRows8; g < n1 / kRows8; ++g) {
+      deinterleave_group(a.type, a.w + g * kRows8 * a.wrow_bytes, rows.data(), p.wrow_bytes, a.K);
+      for (int r = 0; r < kRows8; ++r)
+        for (int32_t m = 0; m < a.M; ++m)
+          quant_linear_store(a, m, kRows8 * g + r, dot_row(p, rows.data() + r * p.wrow_bytes, a.xq + m * a.xrow_bytes));
+    }
+    return;
+  }
   // each weight row once (it stays in cache across the rows of x)
   for (int32_t n = n0; n < n1; ++n) {
     const uint8_t* w = a.w + n * a.wrow_bytes;

@@ -49,6 +49,29 @@ static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(Block
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ6_K) == 210, "llama.cpp block sizes");
 static_assert(sizeof(BlockQ4_Z) == 20, "pyengine's Q4_Z");
 
+// The interleaved layouts (8 rows side by side; pyengine/cpu_quant.h describes them): one group
+// block each.
+constexpr int kRows8 = 8;
+struct BlockQ4_0x8 {
+  uint16_t d[kRows8];  // fp16
+  uint8_t qs[kRows8 * kQK / 2];
+};
+struct BlockQ4_Kx8 {
+  uint16_t d[kRows8];     // fp16
+  uint16_t dmin[kRows8];  // fp16
+  uint8_t scales[8 * kRows8];  // [sub-block][row]
+  uint8_t mins[8 * kRows8];    // [sub-block pair][row][2]
+  uint8_t qs[kRows8 * kQKK / 2];
+};
+struct BlockQ6_Kx8 {
+  uint16_t d[kRows8];            // fp16
+  int8_t scales[16 * kRows8];    // [sub-block pair][row][2]
+  uint8_t q[16][96];             // per sub-block of 16: ql chunks A, B, qh chunk H
+};
+static_assert(sizeof(BlockQ4_0x8) == 8 * sizeof(BlockQ4_0) && sizeof(BlockQ6_Kx8) == 8 * sizeof(BlockQ6_K),
+              "interleaved layouts of Q4_0 and Q6_K take the same bytes");
+static_assert(sizeof(BlockQ4_Kx8) == 1184, "Q4_Kx8: 8 x 148 bytes");
+
 // Activations quantized for blocks of 32 weights: x ~= d * qs; s8 = 8 * d * sum(qs) (what Q4_0's
 // level offset of 8 takes off a block's dot product; Q5_0's offset of 16 takes 2 * s8).
 struct ActQ8_32 {
@@ -80,6 +103,15 @@ static inline void q4k_scale_min(int j, const uint8_t* s, uint8_t& sc, uint8_t& 
   } else {
     sc = static_cast<uint8_t>((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4));
     m = static_cast<uint8_t>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  }
+}
+
+// The inverse: 8 scales and 8 mins (6 bits each) into Q4_K's 12 packed bytes.
+static inline void q4k_pack_scale_min(const uint8_t* sc, const uint8_t* m, uint8_t* s) {
+  for (int j = 0; j < 4; ++j) {
+    s[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+    s[j + 4] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+    s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4));
   }
 }
 

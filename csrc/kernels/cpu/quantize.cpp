@@ -12,10 +12,12 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "dtype_convert.h"
 #include "pyengine/cpu_quant.h"
 #include "quant_blocks.h"
+#include "quant_interleave.h"
 
 namespace pyengine::kernels {
 
@@ -187,18 +189,12 @@ void quantize_q4_k(const float* x, BlockQ4_K* y, int64_t nb) {
     }
     const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
     const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+    uint8_t ls[8], lm[8];
     for (int j = 0; j < 8; ++j) {
-      const uint8_t ls = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_scale * scales[j])));
-      const uint8_t lm = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_min * mins[j])));
-      if (j < 4) {
-        out.scales[j] = ls;
-        out.scales[j + 4] = lm;
-      } else {
-        out.scales[j + 4] = static_cast<uint8_t>((ls & 0x0f) | ((lm & 0x0f) << 4));
-        out.scales[j - 4] |= static_cast<uint8_t>((ls >> 4) << 6);
-        out.scales[j] |= static_cast<uint8_t>((lm >> 4) << 6);
-      }
+      ls[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_scale * scales[j])));
+      lm[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_min * mins[j])));
     }
+    q4k_pack_scale_min(ls, lm, out.scales);
     out.d = f32_to_fp16(max_scale / 63.0f);
     out.dmin = f32_to_fp16(max_min / 63.0f);
     // the levels again, against the rounded scales and mins
@@ -385,7 +381,18 @@ void dequantize_row(QuantType type, const uint8_t* src, float* dst, int64_t nb) 
     case QuantType::kQ4_Z: return dequantize_q4_z(reinterpret_cast<const BlockQ4_Z*>(src), dst, nb);
     case QuantType::kQ4_K: return dequantize_q4_k(reinterpret_cast<const BlockQ4_K*>(src), dst, nb);
     case QuantType::kQ6_K: return dequantize_q6_k(reinterpret_cast<const BlockQ6_K*>(src), dst, nb);
+    default: return;  // interleaved layouts: dequantize_group
   }
+}
+
+// Rows [r0, r0 + count) of one interleaved group (at `group`) into count x K floats.
+void dequantize_group(QuantType interleaved, const uint8_t* group, int r0, int count, float* dst, int64_t K) {
+  const QuantType plain = plain_type(interleaved);
+  const int64_t row_bytes = quant_row_bytes(plain, K);
+  std::vector<uint8_t> rows(static_cast<size_t>(kRows8 * row_bytes));
+  deinterleave_group(interleaved, group, rows.data(), row_bytes, K, r0, r0 + count);
+  for (int r = 0; r < count; ++r)
+    dequantize_row(plain, rows.data() + (r0 + r) * row_bytes, dst + r * K, K / quant_format(plain).block_elems);
 }
 
 }  // namespace
@@ -398,9 +405,13 @@ QuantFormat quant_format(QuantType type) {
     case QuantType::kQ4_Z: return {"q4_z", kQK, static_cast<int32_t>(sizeof(BlockQ4_Z))};
     case QuantType::kQ4_K: return {"q4_k", kQKK, static_cast<int32_t>(sizeof(BlockQ4_K))};
     case QuantType::kQ6_K: return {"q6_k", kQKK, static_cast<int32_t>(sizeof(BlockQ6_K))};
+    case QuantType::kQ4_0x8: return {"q4_0x8", kQK, static_cast<int32_t>(sizeof(BlockQ4_0x8) / kRows8)};
+    case QuantType::kQ4_Kx8: return {"q4_kx8", kQKK, static_cast<int32_t>(sizeof(BlockQ4_Kx8) / kRows8)};
+    case QuantType::kQ6_Kx8: return {"q6_kx8", kQKK, static_cast<int32_t>(sizeof(BlockQ6_Kx8) / kRows8)};
   }
   fail("type: unknown quantization type id " + std::to_string(static_cast<int32_t>(type)) +
-       " (known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k, 100 = q4_z)");
+       " (known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k, 100 = q4_z; interleaved: 202 = q4_0x8, "
+       "212 = q4_kx8, 214 = q6_kx8)");
   return {};
 }
 
@@ -415,6 +426,9 @@ int64_t quant_row_bytes(QuantType type, int64_t K) {
 void quantize_rows(QuantType type, const float* src, void* dst, int64_t rows, int64_t K,
                    int32_t num_threads) {
   const int64_t row_bytes = quant_row_bytes(type, K);
+  if (plain_type(type) != type)
+    fail(std::string("type: ") + quant_format(type).name + " is an interleaved layout: quantize to " +
+         quant_format(plain_type(type)).name + ", then interleave_rows");
   if (rows < 0) fail("rows: must be >= 0, got " + std::to_string(rows));
   if (rows > 0 && (src == nullptr || dst == nullptr)) fail("src/dst: must not be null");
   const int64_t nb = K / quant_format(type).block_elems;
@@ -439,6 +453,13 @@ void dequantize_rows(QuantType type, const void* src, float* dst, int64_t rows, 
   if (rows < 0) fail("rows: must be >= 0, got " + std::to_string(rows));
   if (rows > 0 && (src == nullptr || dst == nullptr)) fail("src/dst: must not be null");
   const int64_t nb = K / quant_format(type).block_elems;
+  if (plain_type(type) != type) {
+    if (rows % kRows8 != 0) fail("rows: must be a multiple of 8 in an interleaved layout, got " + std::to_string(rows));
+    for (int64_t g = 0; g < rows / kRows8; ++g)
+      dequantize_group(type, static_cast<const uint8_t*>(src) + g * kRows8 * row_bytes, 0, kRows8,
+                       dst + g * kRows8 * K, K);
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r)
     dequantize_row(type, static_cast<const uint8_t*>(src) + r * row_bytes, dst + r * K, nb);
 }
@@ -454,6 +475,14 @@ void dequantize_gather(QuantType type, const void* src, int64_t num_rows, int64_
       fail("ids[" + std::to_string(i) + "]: " + std::to_string(ids[i]) + " is out of range [0, " +
            std::to_string(num_rows) + ")");
   const int64_t nb = K / quant_format(type).block_elems;
+  if (plain_type(type) != type) {
+    if (num_rows % kRows8 != 0)
+      fail("num_rows: must be a multiple of 8 in an interleaved layout, got " + std::to_string(num_rows));
+    for (int64_t i = 0; i < count; ++i)
+      dequantize_group(type, static_cast<const uint8_t*>(src) + ids[i] / kRows8 * kRows8 * row_bytes,
+                       static_cast<int>(ids[i] % kRows8), 1, dst + i * K, K);
+    return;
+  }
   for (int64_t i = 0; i < count; ++i)
     dequantize_row(type, static_cast<const uint8_t*>(src) + ids[i] * row_bytes, dst + i * K, nb);
 }

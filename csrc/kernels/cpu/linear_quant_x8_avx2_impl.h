@@ -1,0 +1,194 @@
+// The AVX2 compute code of the quantized linear kernel for the interleaved layouts (Q4_0x8,
+// Q4_Kx8, Q6_Kx8; pyengine/cpu_quant.h): a 32-byte vector holds 4 levels of each of 8 weight
+// rows, so one vpmaddubsw against 4 activations broadcast to every lane advances all 8 rows' dot
+// products at once; the sums stay one row per 32-bit lane to the end (no horizontal sums), and
+// 8 rows' fp16 scales convert in one instruction. The levels of a group block are unpacked once
+// and reused for up to kMBx8 rows of x; each row of x sums its blocks in the same order whatever
+// the number of rows, so a row's result does not depend on the batch it is in.
+//
+// Included inside the anonymous namespace of linear_quant_avx2_impl.h (its helpers in scope).
+
+constexpr int kMBx8 = 4;  // rows of x per pass over a group's weights
+
+// 4 activation bytes broadcast to every 32-bit lane
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Prefetches the cache lines of `bytes` bytes at p.
+inline void prefetch_lines(const void* p, int32_t bytes) {
+  for (int32_t i = 0; i < bytes; i += 64) prefetch_l2(static_cast<const char*>(p) + i);
+}
+
+// Integer sums of 16 products per int16 lane stay below 2^15 for levels below 16 (16 * 15 * 127);
+// 6-bit levels (Q6_K) take 4 products per lane (4 * 63 * 127) before widening.
+
+template <int MB>
+void group_q4_0x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
+  const int32_t nb = a.K / kQK;
+  const auto* w = reinterpret_cast<const BlockQ4_0x8*>(a.w + g * kRows8 * a.wrow_bytes);
+  const ActQ8_32* x[MB];
+  for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_32*>(a.xq + (m0 + m) * a.xrow_bytes);
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  for (int32_t b = 0; b < nb; ++b) {
+    const BlockQ4_0x8& wb = w[b];
+    if (MB == 1) prefetch_lines(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ4_0x8));
+    __m256i s[MB];
+    for (int m = 0; m < MB; ++m) s[m] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {  // positions 8c .. 8c + 3 (low nibbles), 8c + 4 .. 8c + 7 (high)
+      const __m256i v = load32(wb.qs + 32 * c);
+      const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      for (int m = 0; m < MB; ++m) {
+        s[m] = _mm256_add_epi16(s[m], _mm256_maddubs_epi16(lo, broadcast4(x[m][b].qs + 8 * c)));
+        s[m] = _mm256_add_epi16(s[m], _mm256_maddubs_epi16(hi, broadcast4(x[m][b].qs + 8 * c + 4)));
+      }
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
+    for (int m = 0; m < MB; ++m) {
+      // d_w * (d_x * sum(q x) - 8 d_x sum(x)): the levels' offset of 8 taken off
+      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[m], ones));
+      acc[m] = _mm256_fmadd_ps(dw, _mm256_fmsub_ps(dot, _mm256_set1_ps(x[m][b].d), _mm256_set1_ps(x[m][b].s8)), acc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) out[m] = acc[m];
+}
+
+template <int MB>
+void group_q4_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
+  const int32_t nb = a.K / kQKK;
+  const auto* w = reinterpret_cast<const BlockQ4_Kx8*>(a.w + g * kRows8 * a.wrow_bytes);
+  const ActQ8_256* x[MB];
+  for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_256*>(a.xq + (m0 + m) * a.xrow_bytes);
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  for (int32_t b = 0; b < nb; ++b) {
+    const BlockQ4_Kx8& wb = w[b];
+    if (MB == 1) prefetch_lines(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ4_Kx8));
+    __m256i sumi[MB];
+    for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
+    for (int s = 0; s < 8; ++s) {
+      // the 8 rows' scales of sub-block s, each in both int16 halves of its row's lane
+      const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.scales + kRows8 * s));
+      const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));
+      __m256i s16[MB];
+      for (int m = 0; m < MB; ++m) s16[m] = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = load32(wb.qs + 128 * s + 32 * c);
+        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        for (int m = 0; m < MB; ++m) {
+          const int8_t* xq = x[m][b].qs + 32 * s + 8 * c;
+          s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(lo, broadcast4(xq)));
+          s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(hi, broadcast4(xq + 4)));
+        }
+      }
+      for (int m = 0; m < MB; ++m) sumi[m] = _mm256_add_epi32(sumi[m], _mm256_madd_epi16(s16[m], sc));
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.dmin)));
+    for (int m = 0; m < MB; ++m) {
+      // sum over sub-blocks of min * (the sum of x over the sub-block): per pair of sub-blocks,
+      // the rows' (min 2p, min 2p + 1) against (x sum 2p, x sum 2p + 1)
+      const __m256i sums = _mm256_madd_epi16(load32(x[m][b].bsums), ones);  // x sums of sub-blocks 0..7
+      alignas(32) int32_t pairs[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs), _mm256_packs_epi32(sums, sums));  // 0,1 2,3 . . 4,5 6,7
+      __m256i minsum = _mm256_setzero_si256();
+      for (int p = 0; p < 4; ++p) {
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.mins + 16 * p)));
+        minsum = _mm256_add_epi32(minsum, _mm256_madd_epi16(mins, _mm256_set1_epi32(pairs[p < 2 ? p : p + 2])));
+      }
+      const __m256 dx = _mm256_set1_ps(x[m][b].d);
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[m]), _mm256_mul_ps(d, dx), acc[m]);
+      acc[m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(minsum), _mm256_mul_ps(dmin, dx), acc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) out[m] = acc[m];
+}
+
+template <int MB>
+void group_q6_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
+  const int32_t nb = a.K / kQKK;
+  const auto* w = reinterpret_cast<const BlockQ6_Kx8*>(a.w + g * kRows8 * a.wrow_bytes);
+  const ActQ8_256* x[MB];
+  for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_256*>(a.xq + (m0 + m) * a.xrow_bytes);
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
+  // from a pair of sub-blocks' scales ([row][2] bytes), the first's or second's, twice per row
+  const __m128i pick[2] = {_mm_set_epi8(14, 14, 12, 12, 10, 10, 8, 8, 6, 6, 4, 4, 2, 2, 0, 0),
+                           _mm_set_epi8(15, 15, 13, 13, 11, 11, 9, 9, 7, 7, 5, 5, 3, 3, 1, 1)};
+  for (int32_t b = 0; b < nb; ++b) {
+    const BlockQ6_Kx8& wb = w[b];
+    if (MB == 1) prefetch_lines(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ6_Kx8));
+    __m256i sumi[MB];
+    for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
+    for (int s = 0; s < 16; ++s) {
+      const __m128i pair = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.scales + 16 * (s / 2)));
+      const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(pair, pick[s % 2]));
+      const __m256i A = load32(wb.q[s]), B = load32(wb.q[s] + 32), H = load32(wb.q[s] + 64);
+      const __m256i v0 = _mm256_or_si256(_mm256_and_si256(A, low4), _mm256_and_si256(_mm256_slli_epi16(H, 4), top2));
+      const __m256i v1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), low4),
+                                         _mm256_and_si256(_mm256_slli_epi16(H, 2), top2));
+      const __m256i v2 = _mm256_or_si256(_mm256_and_si256(B, low4), _mm256_and_si256(H, top2));
+      const __m256i v3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), low4),
+                                         _mm256_and_si256(_mm256_srli_epi16(H, 2), top2));
+      for (int m = 0; m < MB; ++m) {
+        const int8_t* xq = x[m][b].qs + 16 * s;
+        const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(v0, broadcast4(xq)),
+                                             _mm256_maddubs_epi16(v1, broadcast4(xq + 4)));
+        const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(v2, broadcast4(xq + 8)),
+                                             _mm256_maddubs_epi16(v3, broadcast4(xq + 12)));
+        sumi[m] = _mm256_add_epi32(sumi[m], _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
+    for (int m = 0; m < MB; ++m) {
+      // the levels are stored + 32: take 32 * sum_s scale_s * (the sum of x over sub-block s) off
+      __m256i corr = _mm256_setzero_si256();
+      for (int p = 0; p < 8; ++p) {
+        int32_t xs;
+        std::memcpy(&xs, x[m][b].bsums + 2 * p, 4);
+        const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.scales + 16 * p)));
+        corr = _mm256_add_epi32(corr, _mm256_madd_epi16(sc, _mm256_set1_epi32(xs)));
+      }
+      const __m256i total = _mm256_sub_epi32(sumi[m], _mm256_slli_epi32(corr, 5));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[m][b].d)), acc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) out[m] = acc[m];
+}
+
+template <int MB>
+void group_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
+  switch (a.type) {
+    case QuantType::kQ4_0x8: return group_q4_0x8<MB>(a, m0, g, out);
+    case QuantType::kQ4_Kx8: return group_q4_kx8<MB>(a, m0, g, out);
+    default: return group_q6_kx8<MB>(a, m0, g, out);
+  }
+}
+
+template <int MB = kMBx8>
+void group_x8_upto(int mb, const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
+  if constexpr (MB > 1) {
+    if (mb < MB) return group_x8_upto<MB - 1>(mb, a, m0, g, out);
+  }
+  group_x8<MB>(a, m0, g, out);
+}
+
+// Weight rows [n0, n1) (whole groups of 8) against every row of x.
+void rows_x8(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
+  __m256 out[kMBx8];
+  for (int32_t g = n0 / kRows8; g < n1 / kRows8; ++g) {
+    const __m256 bias = a.bias != nullptr ? _mm256_loadu_ps(a.bias + kRows8 * g) : _mm256_setzero_ps();
+    for (int32_t m0 = 0; m0 < a.M; m0 += kMBx8) {
+      const int mb = std::min<int32_t>(kMBx8, a.M - m0);
+      group_x8_upto(mb, a, m0, g, out);
+      for (int m = 0; m < mb; ++m)
+        _mm256_storeu_ps(a.y + (m0 + m) * a.ldy + kRows8 * g, a.bias != nullptr ? _mm256_add_ps(out[m], bias) : out[m]);
+    }
+  }
+}
