@@ -168,14 +168,19 @@ def test_cpp_decode_layers_equal_the_python_forward_bit_for_bit(checkpoint_facto
         assert torch.equal(a, b)  # the same kernels in the same order
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])
 @pytest.mark.parametrize("variant", [dict(model_type="llama", num_heads=4, num_kv_heads=2),
                                      dict(model_type="qwen2", num_heads=4, num_kv_heads=1, tie_word_embeddings=True)])
 def test_cpp_decode_layers_with_quantized_weights_equal_the_python_forward(checkpoint_factory, monkeypatch, variant,
                                                                           fmt, cpu_isa):
-    """Quantized linears (QuantLinearDesc records) in the one-call path, prompts in chunks of
-    up to 8 rows next to decode rows: the same kernels in the same order as the Python forward."""
-    model_dir = checkpoint_factory(f"fused_{variant['model_type']}", **variant)
+    """Quantized linears (QuantLinearDesc records; Q4_0 and Q4_K interleaved, Q6_K the tied
+    output's) in the one-call path on a bfloat16 cache (quantized models' default), prompts in
+    chunks of up to 8 rows next to decode rows: the same kernels in the same order as the Python
+    forward."""
+    if fmt == "q4_k":  # rows of 256 weights: Q4_K and Q6_K themselves, not their fallbacks
+        variant = dict(variant, hidden_size=256, intermediate_size=512)
+    name = f"fused_{variant['model_type']}" + (f"_{variant['hidden_size']}" if "hidden_size" in variant else "")
+    model_dir = checkpoint_factory(name, **variant)
     args = dict(dtype="float32", quantization=fmt, max_num_tokens=8, prompts=SHORT_PROMPTS)
     tokens_py, logits_py = decode_logits(model_dir, False, monkeypatch, **args)
     tokens_cpp, logits_cpp = decode_logits(model_dir, True, monkeypatch, **args)

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from hf_reference import MAX_FLIP_FRACTION, _fake_quantize, quantized_teacher_forced_gaps
-from pyengine import Engine, SamplingParams, StartupError
+from pyengine import Engine, KvCacheConfig, SamplingParams, StartupError
 from pyengine.quant import QuantizedWeight
 from pyengine.testing.prequantized import write_prequantized_checkpoint
 
@@ -62,7 +62,8 @@ def reference_models(float_dir, dequantized):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_prequantized_greedy_matches_transformers(variant, float_dir, prequantized):
     model_dir, dequantized = prequantized[variant]
-    engine = Engine(model_dir)
+    engine = Engine(model_dir, kv_cache_config=KvCacheConfig(dtype="float32"))  # as the reference keeps K, V
+    assert Engine(model_dir, max_seq_len=64).kv_dtype == torch.bfloat16  # the default for quantized weights
     layer = engine._runner.model.layers[0]
     assert isinstance(layer["qkv"], QuantizedWeight) and layer["qkv"].formats == ["q4_z"]
     # the repacked blocks hold exactly the checkpoint's (q - z) * s

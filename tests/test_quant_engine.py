@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hf_reference import MAX_FLIP_FRACTION, quantized_hf_model, quantized_teacher_forced_gaps
-from pyengine import Engine, SamplingParams, StartupError
+from pyengine import Engine, KvCacheConfig, SamplingParams, StartupError
 from pyengine.quant import QuantizedWeight
 
 # hidden and intermediate sizes multiples of 256: every format applies to every linear layer
@@ -30,6 +30,11 @@ def qwen3_tied_dir(checkpoint_factory):
 def prompts(n: int, vocab: int = 512) -> list[list[int]]:
     rng = random.Random(0)
     return [[rng.randrange(3, vocab) for _ in range(rng.randrange(4, 48))] for _ in range(n)]
+
+
+# The reference keeps K and V in float32: so must the engines checked against it (by default a
+# quantized model's cache is bfloat16, whose rounding the reference does not model).
+FP32_KV = KvCacheConfig(dtype="float32")
 
 
 def check_greedy_against_reference(engine: Engine, model_dir) -> None:
@@ -56,15 +61,32 @@ def check_greedy_against_reference(engine: Engine, model_dir) -> None:
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])
 def test_quantized_greedy_matches_transformers_with_the_same_quantization(fmt, llama_q_dir, cpu_isa):
-    engine = Engine(llama_q_dir, quantization=fmt)
+    engine = Engine(llama_q_dir, quantization=fmt, kv_cache_config=FP32_KV)
     check_greedy_against_reference(engine, llama_q_dir)
 
 
 def test_quantized_tied_qwen3(qwen3_tied_dir):
-    engine = Engine(qwen3_tied_dir, quantization="q4_k")
+    engine = Engine(qwen3_tied_dir, quantization="q4_k", kv_cache_config=FP32_KV)
     model = engine._runner.model
     assert model.lm_head is model.embed and model.embed.formats == ["q6_k"]
     check_greedy_against_reference(engine, qwen3_tied_dir)
+
+
+def test_quantized_models_keep_a_bfloat16_cache_by_default(llama_q_dir):
+    """KvCacheConfig(dtype="auto") with quantized weights: K and V in bfloat16 (16 bits, as
+    llama.cpp keeps them), activations in float32; asked for, float32; a float model's stays its
+    dtype. (test_cpu_fused checks the one-call decode path against the layer-by-layer one on such a
+    cache.)"""
+    engine = Engine(llama_q_dir, quantization="q4_0", max_seq_len=128)
+    assert engine.kv_dtype == torch.bfloat16 and engine._runner.kv_pool.dtype == torch.bfloat16
+    ps = prompts(4)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    out = [r.token_ids for r in engine.generate(ps, params, use_tqdm=False)]
+    assert all(len(t) == 16 for t in out)
+    fp32 = Engine(llama_q_dir, quantization="q4_0", max_seq_len=128, kv_cache_config=FP32_KV)
+    assert fp32.kv_dtype == torch.float32
+    float_model = Engine(llama_q_dir, dtype="float32", max_seq_len=128)
+    assert float_model.kv_dtype == torch.float32
 
 
 def test_plan_follows_llama_cpp_rules(checkpoint_factory, llama_q_dir):
@@ -161,7 +183,7 @@ def test_q4_k_m_is_llama_cpps_mixture(checkpoint_factory):
     (Checked against llama-quantize's Q4_K_M file of such a model: the same bytes.)"""
     model_dir = checkpoint_factory("llama_q_8layers", model_type="llama", hidden_size=256, intermediate_size=512,
                                    num_heads=4, num_kv_heads=2, num_layers=8)
-    engine = Engine(model_dir, quantization="Q4_K_M")
+    engine = Engine(model_dir, quantization="Q4_K_M", kv_cache_config=FP32_KV)
     report = engine._parts.quant_plan.report
     more = {0, 3, 6, 7}
     for i in range(8):

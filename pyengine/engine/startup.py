@@ -144,7 +144,7 @@ def _configure(cfg: EngineConfig) -> EngineParts:
     isa = cpu_info()  # a bad PYENGINE_CPU_ISA fails here, naming the levels this CPU has
     logger.info("%s", isa)
     kv = cfg.kv_cache_config.dtype
-    kv_dtype = cfg.dtype if kv == "auto" else KV_CACHE_DTYPES[kv]
+    kv_dtype = None if kv == "auto" else KV_CACHE_DTYPES[kv]  # "auto": once the weights' kind is known
     if kv == "float8_e4m3":
         if device.type != "cuda":
             raise ValueError("KvCacheConfig.dtype='float8_e4m3' needs device='cuda' (the CPU kernels have no fp8)")
@@ -177,11 +177,23 @@ def _configure(cfg: EngineConfig) -> EngineParts:
                              f"'float32', got {cfg.dtype}")
     if header is None:
         tokenizer = load_tokenizer(cfg.model)
+    if kv_dtype is None:
+        # quantized weights compute in float32 but keep K and V in 16 bits, as llama.cpp does: half
+        # the bytes every decode step reads per token of context, rounded as a bf16 model's cache
+        quantized = cfg.quantization is not None or prequantized is not None or (
+            header is not None and bool(gguf_quantized_types(header)))
+        kv_dtype = torch.bfloat16 if quantized and device.type == "cpu" else cfg.dtype
     parts = EngineParts(config=cfg, model_config=mc, tokenizer=tokenizer, device=device,
                         kv_dtype=kv_dtype, max_seq_len=max_seq_len, graph_sizes=_graph_sizes(cfg, device),
                         gguf_header=header)
     parts.prequantized = prequantized
     return parts
+
+
+def gguf_quantized_types(header: gguf.GGUFHeader) -> list[str]:
+    """The block formats of a GGUF file's quantized tensors (none: a float file)."""
+    blocks = gguf.quant_types()
+    return sorted({t.type_name for t in header.tensors.values() if t.type_name in blocks})
 
 
 def _check_gguf_args(cfg: EngineConfig, header: gguf.GGUFHeader, device: torch.device) -> None:
@@ -192,8 +204,7 @@ def _check_gguf_args(cfg: EngineConfig, header: gguf.GGUFHeader, device: torch.d
         raise ValueError(f"quantization={cfg.quantization!r} does not apply to a GGUF file ({path!r}): its tensors "
                          "load as the file stores them, quantized or float; quantize with llama.cpp's llama-quantize, "
                          "or load the Hugging Face checkpoint with quantization=")
-    blocks = gguf.quant_types()
-    quantized = sorted({t.type_name for t in header.tensors.values() if t.type_name in blocks})
+    quantized = gguf_quantized_types(header)
     if quantized and cfg.dtype != torch.float32:
         raise ValueError(f"GGUF file {path!r} holds quantized tensors ({', '.join(quantized)}), which compute with "
                          f"float32 activations: dtype must be 'float32', got {cfg.dtype}")
