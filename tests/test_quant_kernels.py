@@ -42,6 +42,35 @@ def quantize_activations(x: torch.Tensor, block: int) -> np.ndarray:
     return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape[0], -1)
 
 
+@pytest.mark.parametrize("block", [32, 256])
+def test_activation_blocks_are_the_same_bytes_at_every_level(block, cpu_isa):
+    """The 8-bit activation blocks (cpu_quant.h: quantize_activation_blocks) equal the fp32
+    recipe computed in numpy, byte for byte, whatever the level's instructions."""
+    g = torch.Generator().manual_seed(30)
+    x = torch.randn(5, 1024, generator=g)
+    x[1, :block] = 0  # an all-zero block: d = 0, q = 0
+    x[2, 7] = 1e4  # an outlier
+    x[3, :block] = (torch.arange(block) % 9 - 4) + 0.5  # d = 1: every value a tie, rounded to even
+    x[3, 0] = 127.0
+    size = 40 if block == 32 else 292
+    out = torch.zeros(5 * 1024 // block * size, dtype=torch.uint8)
+    _core._quantize_activation_blocks(x.data_ptr(), 1024, 5, 1024, block, out.data_ptr())
+    got = out.numpy().reshape(5, 1024 // block, size)
+    v = x.numpy().reshape(5, -1, block)
+    d = (np.abs(v).max(-1) / np.float32(127)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+    q = np.rint((v * inv[..., None]).astype(np.float32)).astype(np.int8)
+    assert np.array_equal(got[..., :4].copy().view(np.float32)[..., 0], d)
+    if block == 32:
+        s8 = (8 * q.astype(np.int64).sum(-1)).astype(np.float32) * d
+        assert np.array_equal(got[..., 4:8].copy().view(np.float32)[..., 0], s8)
+        assert np.array_equal(got[..., 8:].view(np.int8), q)
+    else:
+        sums = q.astype(np.int64).reshape(5, -1, 16, 16).sum(-1)
+        assert np.array_equal(got[..., 4:36].copy().view(np.int16), sums)
+        assert np.array_equal(got[..., 36:].view(np.int8), q)
+
+
 def q4_k_offsets(data: np.ndarray, k: int) -> np.ndarray:
     """|dmin * m| per weight of Q4_K rows (the sub-block offsets the kernel subtracts apart from
     the scaled levels), fp64 [N, K]."""

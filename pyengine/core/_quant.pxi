@@ -23,6 +23,8 @@ cdef extern from "pyengine/cpu_quant.h" namespace "pyengine::kernels" nogil:
                          int64_t K) except +
     void dequantize_gather(QuantType type, const void* src, int64_t num_rows, int64_t K,
                            const int64_t* ids, int64_t count, float* dst) except +
+    void quantize_activation_blocks(const float* x, int64_t ldx, int32_t M, int32_t K, int32_t block,
+                                    void* out) except +
     void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M,
                       const void* weight, QuantType type, int32_t N, int32_t K,
                       const float* bias, int32_t num_threads) except +
@@ -70,6 +72,11 @@ def _dequantize_gather(int32_t type_id, uintptr_t src, int64_t num_rows, int64_t
     with nogil:
         dequantize_gather(<QuantType>type_id, <const void*>src, num_rows, K, <const int64_t*>ids,
                           count, <float*>dst)
+
+
+def _quantize_activation_blocks(uintptr_t x, int64_t ldx, int32_t M, int32_t K, int32_t block, uintptr_t out):
+    with nogil:
+        quantize_activation_blocks(<const float*>x, ldx, M, K, block, <void*>out)
 
 
 def _linear_quant(uintptr_t y, int64_t ldy, uintptr_t x, int64_t ldx, int32_t M, uintptr_t weight,

@@ -96,6 +96,14 @@ void dequantize_rows(QuantType type, const void* src, float* dst, int64_t rows, 
 void dequantize_gather(QuantType type, const void* src, int64_t num_rows, int64_t K,
                        const int64_t* ids, int64_t count, float* dst);
 
+// The activation blocks linear_quant multiplies a weight block of `block` (32 or 256) weights
+// with: M rows of K fp32 values (rows ldx apart) into `out`, row after row, per block d = max|x|
+// / 127 and q = nearest-even(x * (1 / d)) (each step rounded in fp32), stored as
+//   block 32:  float d, float s8 = 8 * d * sum(q), int8 q[32]          (40 bytes)
+//   block 256: float d, int16 sums of each 16 q, int8 q[256]           (292 bytes)
+// The same bytes at every instruction-set level.
+void quantize_activation_blocks(const float* x, int64_t ldx, int32_t M, int32_t K, int32_t block, void* out);
+
 // y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]) for a quantized W [N, K] (type `type`), fp32 x
 // [M, K] (rows `ldx` floats apart) and y [M, N] (rows `ldy` floats apart, so one call can fill
 // a column range of a wider output; N a multiple of 8 for an interleaved layout). Any M >= 1: the weights are read once, in tiles reused

@@ -35,6 +35,19 @@ void run_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
 
 }  // namespace
 
+void quantize_activation_blocks(const float* x, int64_t ldx, int32_t M, int32_t K, int32_t block, void* out) {
+  if (block != cpu::kQK && block != cpu::kQKK) fail("block: must be 32 or 256, got " + std::to_string(block));
+  if (M < 0) fail("M: must be >= 0, got " + std::to_string(M));
+  if (K < 1 || K % block != 0)
+    fail("K: must be a positive multiple of " + std::to_string(block) + ", got " + std::to_string(K));
+  if (ldx < K) fail("ldx: must be >= K = " + std::to_string(K) + ", got " + std::to_string(ldx));
+  if (M > 0 && (x == nullptr || out == nullptr)) fail("x/out: must not be null");
+  (void)cpu_isa();
+  const int64_t xrow = block == cpu::kQK ? K / cpu::kQK * static_cast<int64_t>(sizeof(cpu::ActQ8_32))
+                                         : K / cpu::kQKK * static_cast<int64_t>(sizeof(cpu::ActQ8_256));
+  PYENGINE_ISA_CALL(quantize_activations, x, ldx, 0, M, K, block, static_cast<uint8_t*>(out), xrow);
+}
+
 void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M, const void* weight,
                   QuantType type, int32_t N, int32_t K, const float* bias, int32_t num_threads) {
   if (y == nullptr) fail("y: must not be null");
@@ -59,12 +72,15 @@ void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M,
                                        : K / cpu::kQKK * static_cast<int64_t>(sizeof(cpu::ActQ8_256));
   xq.resize(static_cast<size_t>(M * xrow));
   uint8_t* xqp = xq.data();
-#pragma omp parallel for num_threads(nt_max) schedule(static) if (M >= 16)
-  for (int32_t m = 0; m < M; ++m) {
-    if (act == cpu::kQK)
-      cpu::quantize_act_32(x + m * ldx, reinterpret_cast<cpu::ActQ8_32*>(xqp + m * xrow), K);
-    else
-      cpu::quantize_act_256(x + m * ldx, reinterpret_cast<cpu::ActQ8_256*>(xqp + m * xrow), K);
+  if (M >= 16) {
+#pragma omp parallel num_threads(nt_max)
+    {
+      const int t = omp_get_thread_num(), T = omp_get_num_threads();
+      PYENGINE_ISA_CALL(quantize_activations, x, ldx, static_cast<int32_t>(static_cast<int64_t>(M) * t / T),
+                        static_cast<int32_t>(static_cast<int64_t>(M) * (t + 1) / T), K, act, xqp, xrow);
+    }
+  } else {
+    PYENGINE_ISA_CALL(quantize_activations, x, ldx, 0, M, K, act, xqp, xrow);
   }
 
   const QuantLinearArgs a{y, ldy, xqp, xrow, static_cast<const uint8_t*>(weight), wrow, type, bias, M, N, K};

@@ -34,9 +34,13 @@ static inline void quant_linear_store(const QuantLinearArgs& a, int32_t m, int32
   a.y[m * a.ldy + n] = a.bias != nullptr ? acc + a.bias[n] : acc;
 }
 
-// Each level: the weight rows [n0, n1) against every row of x.
-#define PYENGINE_QUANT_LINEAR_ENTRY_POINTS \
-  void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1);
+// Each level: the weight rows [n0, n1) against every row of x; rows [m0, m1) of x (K values
+// each, rows ldx apart) into 8-bit blocks of 32 (ActQ8_32) or 256 (ActQ8_256) values, rows
+// xrow_bytes apart, as quantize_act_32 / quantize_act_256 do, bit for bit, at every level.
+#define PYENGINE_QUANT_LINEAR_ENTRY_POINTS                                                      \
+  void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1);                     \
+  void quantize_activations(const float* x, int64_t ldx, int32_t m0, int32_t m1, int32_t K,     \
+                            int32_t block, uint8_t* xq, int64_t xrow_bytes);
 
 namespace isa_generic { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
 namespace isa_avx2 { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }

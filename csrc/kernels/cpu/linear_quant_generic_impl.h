@@ -134,6 +134,16 @@ float dot_row(const QuantLinearArgs& a, const uint8_t* w, const uint8_t* x) {
 
 }  // namespace
 
+void quantize_activations(const float* x, int64_t ldx, int32_t m0, int32_t m1, int32_t K, int32_t block,
+                          uint8_t* xq, int64_t xrow_bytes) {
+  for (int32_t m = m0; m < m1; ++m) {
+    if (block == kQK)
+      quantize_act_32(x + m * ldx, reinterpret_cast<ActQ8_32*>(xq + m * xrow_bytes), K);
+    else
+      quantize_act_256(x + m * ldx, reinterpret_cast<ActQ8_256*>(xq + m * xrow_bytes), K);
+  }
+}
+
 void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
   const QuantType plain = plain_type(a.type);
   if (plain != a.type) {  // an interleaved layout: each group of 8 rows back to plain rows first
