@@ -16,7 +16,7 @@ from pyengine.quant.formats import INTERLEAVED_LAYOUTS
 
 U = 2.0 ** -24  # fp32 unit roundoff
 FORMATS = list(QUANT_FORMATS)  # q8_0, q5_0, q4_0, q4_k, q6_k, q4_z
-X8 = list(INTERLEAVED_LAYOUTS)  # the formats with an interleaved layout: q4_0, q4_k, q6_k
+X8 = list(INTERLEAVED_LAYOUTS)  # the formats with an interleaved layout: q8_0, q4_0, q4_k, q6_k
 GGUF_TYPE = {"q8_0": GGMLQuantizationType.Q8_0, "q5_0": GGMLQuantizationType.Q5_0, "q4_0": GGMLQuantizationType.Q4_0,
              "q4_k": GGMLQuantizationType.Q4_K, "q6_k": GGMLQuantizationType.Q6_K}
 
@@ -253,9 +253,9 @@ def test_only_whole_groups_of_8_rows_interleave(cpu_isa):
     k = 512
     parts = [QuantizedWeight.quantize(weights(16, k, seed=22), "q4_k"),
              QuantizedWeight.quantize(weights(5, k, seed=23), "q6_k"),
-             QuantizedWeight.quantize(weights(8, k, seed=24), "q8_0")]
+             QuantizedWeight.quantize(weights(8, k, seed=24), "q5_0")]
     fused = QuantizedWeight.cat(parts).interleaved()
-    assert fused.layouts == ["q4_kx8", "q6_k", "q8_0"] and fused.formats == ["q4_k", "q6_k", "q8_0"]
+    assert fused.layouts == ["q4_kx8", "q6_k", "q5_0"] and fused.formats == ["q4_k", "q6_k", "q5_0"]
     assert parts[2].interleaved() is parts[2]
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(25))
     assert torch.equal(fused.linear(x), torch.cat([parts[0].interleaved().linear(x), parts[1].linear(x),
@@ -274,8 +274,8 @@ def test_interleaved_layouts_reject_bad_input():
     src, dst = torch.zeros(8, 256), torch.zeros(8, 144, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"type: q4_0x8 is an interleaved layout: quantize to q4_0, then interleave_rows"):
         _core._quantize_rows(fmt.type_id, src.data_ptr(), dst.data_ptr(), 8, 256, 1)
-    with pytest.raises(ValueError, match=r"type: q8_0 has no interleaved layout"):
-        _core._interleave_rows(8, dst.data_ptr(), dst.data_ptr(), 8, 32)
+    with pytest.raises(ValueError, match=r"type: q5_0 has no interleaved layout"):
+        _core._interleave_rows(6, dst.data_ptr(), dst.data_ptr(), 8, 32)
     with pytest.raises(ValueError, match=r"interleaved: q4_0 is not an interleaved layout"):
         _core._deinterleave_rows(2, dst.data_ptr(), dst.data_ptr(), 8, 32)
     with pytest.raises(ValueError, match=r"rows: must be a multiple of 8, got 12"):
@@ -291,7 +291,7 @@ def test_quantized_linear_rejects_bad_input():
     with pytest.raises(ValueError, match=r"K: q4_k rows must hold a positive multiple of 256 weights, got 96"):
         _core._quant_row_bytes(12, 96)
     with pytest.raises(ValueError, match=r"unknown quantization type id 7 \(known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k, "
-                                         r"100 = q4_z; interleaved: 202 = q4_0x8, 212 = q4_kx8, 214 = q6_kx8\)"):
+                                         r"100 = q4_z; interleaved: 202 = q4_0x8, 208 = q8_0x8, 212 = q4_kx8, 214 = q6_kx8\)"):
         _core._quant_format(7)
     out = torch.full((2, 256), 7.0)
     ids = torch.tensor([0, 8])

@@ -21,6 +21,8 @@
 // lane, with no horizontal sums. A matrix is N / 8 groups (N a multiple of 8); a group is
 // K / block_elems group blocks; in a group block, "byte 4j + t of a 32-byte chunk" belongs to
 // row j:
+//   Q8_0x8  per 32 weights (272 bytes): fp16 d[8] (row j's), then 8 chunks c of 32 bytes, byte
+//           4j + t = q(j, 4c + t)
 //   Q4_0x8  per 32 weights (144 bytes): fp16 d[8] (row j's), then 4 chunks c of 32 bytes, byte
 //           4j + t = level(j, 8c + t) | level(j, 8c + 4 + t) << 4 (levels 0..15 as in Q4_0)
 //   Q4_Kx8  per 256 weights (1184 bytes): fp16 d[8], fp16 dmin[8], scales[8 sub-blocks][8 rows]
@@ -51,14 +53,14 @@ namespace pyengine::kernels {
 // format they hold.)
 enum class QuantType : int32_t {
   kQ4_0 = 2, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14, kQ4_Z = 100,
-  kQ4_0x8 = 202, kQ4_Kx8 = 212, kQ6_Kx8 = 214,
+  kQ4_0x8 = 202, kQ8_0x8 = 208, kQ4_Kx8 = 212, kQ6_Kx8 = 214,
 };
 
 // Rows per group of an interleaved layout.
 constexpr int32_t kInterleaveRows = 8;
 
 struct QuantFormat {
-  const char* name;      // "q8_0", "q5_0", "q4_0", "q4_k", "q6_k", "q4_z", "q4_0x8", "q4_kx8", "q6_kx8"
+  const char* name;      // "q8_0", "q5_0", "q4_0", "q4_k", "q6_k", "q4_z"; "q4_0x8", "q8_0x8", ...
   int32_t block_elems;   // weights per block
   int32_t block_bytes;   // bytes per block (interleaved layouts: per row, a group block's / 8)
 };
@@ -69,12 +71,13 @@ QuantFormat quant_format(QuantType type);
 // Bytes of one quantized row of K weights; throws unless K is a positive multiple of the block.
 int64_t quant_row_bytes(QuantType type, int64_t K);
 
-// The interleaved layout of `type` (Q4_0 -> Q4_0x8, ...), or `type` itself where there is none.
+// The interleaved layout of `type` (Q4_0 -> Q4_0x8, ...), or `type` itself where there is none
+// (Q5_0, Q4_Z).
 QuantType interleaved_type(QuantType type);
 // The format an interleaved layout holds (Q4_0x8 -> Q4_0); other types: themselves.
 QuantType plain_type(QuantType type);
 
-// Copies `rows` rows of K weights of `type` (a format with an interleaved layout; rows a multiple
+// Copies `rows` rows of K weights of `type` (Q4_0, Q8_0, Q4_K or Q6_K; rows a multiple
 // of 8) into its interleaved layout at `dst` (rows * quant_row_bytes(interleaved_type(type), K)
 // bytes); deinterleave_rows undoes it, byte for byte.
 void interleave_rows(QuantType type, const void* src, void* dst, int64_t rows, int64_t K);

@@ -1,5 +1,5 @@
-// The AVX2 compute code of the quantized linear kernel for the interleaved layouts (Q4_0x8,
-// Q4_Kx8, Q6_Kx8; pyengine/cpu_quant.h): a 32-byte vector holds 4 levels of each of 8 weight
+// The AVX2 compute code of the quantized linear kernel for the interleaved layouts (Q8_0x8,
+// Q4_0x8, Q4_Kx8, Q6_Kx8; pyengine/cpu_quant.h): a 32-byte vector holds 4 levels of each of 8 weight
 // rows, so one vpmaddubsw against 4 activations broadcast to every lane advances all 8 rows' dot
 // products at once; the sums stay one row per 32-bit lane to the end (no horizontal sums), and
 // 8 rows' fp16 scales convert in one instruction. The levels of a group block are unpacked once
@@ -53,6 +53,37 @@ void group_q4_0x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
       const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[m], ones));
       acc[m] = _mm256_fmadd_ps(dw, _mm256_fmsub_ps(dot, _mm256_set1_ps(x[m][b].d), _mm256_set1_ps(x[m][b].s8)), acc[m]);
     }
+  }
+  for (int m = 0; m < MB; ++m) out[m] = acc[m];
+}
+
+// Q8_0x8: signed levels; vpmaddubsw takes |w| and x with w's signs (two products of up to
+// 128 * 127 per int16 lane: widened to int32 per chunk).
+template <int MB>
+void group_q8_0x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
+  const int32_t nb = a.K / kQK;
+  const auto* w = reinterpret_cast<const BlockQ8_0x8*>(a.w + g * kRows8 * a.wrow_bytes);
+  const ActQ8_32* x[MB];
+  for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_32*>(a.xq + (m0 + m) * a.xrow_bytes);
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int32_t b = 0; b < nb; ++b) {
+    const BlockQ8_0x8& wb = w[b];
+    if (MB == 1) prefetch_lines(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ8_0x8));
+    __m256i s[MB];
+    for (int m = 0; m < MB; ++m) s[m] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {  // positions 4c .. 4c + 3
+      const __m256i v = load32(wb.qs + 32 * c);
+      const __m256i u = _mm256_sign_epi8(v, v);
+      for (int m = 0; m < MB; ++m) {
+        const __m256i p = _mm256_maddubs_epi16(u, _mm256_sign_epi8(broadcast4(x[m][b].qs + 4 * c), v));
+        s[m] = _mm256_add_epi32(s[m], _mm256_madd_epi16(p, ones));
+      }
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
+    for (int m = 0; m < MB; ++m)
+      acc[m] = _mm256_fmadd_ps(dw, _mm256_mul_ps(_mm256_cvtepi32_ps(s[m]), _mm256_set1_ps(x[m][b].d)), acc[m]);
   }
   for (int m = 0; m < MB; ++m) out[m] = acc[m];
 }
@@ -166,6 +197,7 @@ template <int MB>
 void group_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
   switch (a.type) {
     case QuantType::kQ4_0x8: return group_q4_0x8<MB>(a, m0, g, out);
+    case QuantType::kQ8_0x8: return group_q8_0x8<MB>(a, m0, g, out);
     case QuantType::kQ4_Kx8: return group_q4_kx8<MB>(a, m0, g, out);
     default: return group_q6_kx8<MB>(a, m0, g, out);
   }

@@ -52,6 +52,10 @@ static_assert(sizeof(BlockQ4_Z) == 20, "pyengine's Q4_Z");
 // The interleaved layouts (8 rows side by side; pyengine/cpu_quant.h describes them): one group
 // block each.
 constexpr int kRows8 = 8;
+struct BlockQ8_0x8 {
+  uint16_t d[kRows8];  // fp16
+  int8_t qs[kRows8 * kQK];
+};
 struct BlockQ4_0x8 {
   uint16_t d[kRows8];  // fp16
   uint8_t qs[kRows8 * kQK / 2];
@@ -68,8 +72,9 @@ struct BlockQ6_Kx8 {
   int8_t scales[16 * kRows8];    // [sub-block pair][row][2]
   uint8_t q[16][96];             // per sub-block of 16: ql chunks A, B, qh chunk H
 };
-static_assert(sizeof(BlockQ4_0x8) == 8 * sizeof(BlockQ4_0) && sizeof(BlockQ6_Kx8) == 8 * sizeof(BlockQ6_K),
-              "interleaved layouts of Q4_0 and Q6_K take the same bytes");
+static_assert(sizeof(BlockQ4_0x8) == 8 * sizeof(BlockQ4_0) && sizeof(BlockQ8_0x8) == 8 * sizeof(BlockQ8_0) &&
+                  sizeof(BlockQ6_Kx8) == 8 * sizeof(BlockQ6_K),
+              "interleaved layouts of Q4_0, Q8_0 and Q6_K take the same bytes");
 static_assert(sizeof(BlockQ4_Kx8) == 1184, "Q4_Kx8: 8 x 148 bytes");
 
 // Activations quantized for blocks of 32 weights: x ~= d * qs; s8 = 8 * d * sum(qs) (what Q4_0's

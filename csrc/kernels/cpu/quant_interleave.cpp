@@ -79,6 +79,20 @@ void from_x8(const BlockQ4_0x8& in, BlockQ4_0* const* out, int r0, int r1) {
   }
 }
 
+// Q8_0x8: byte 4r + t of chunk c holds position 4c + t
+void to_x8(const BlockQ8_0* const* in, BlockQ8_0x8& out) {
+  for (int r = 0; r < kRows8; ++r) {
+    out.d[r] = in[r]->d;
+    for (int c = 0; c < kQK / 4; ++c) std::memcpy(out.qs + 32 * c + 4 * r, in[r]->qs + 4 * c, 4);
+  }
+}
+void from_x8(const BlockQ8_0x8& in, BlockQ8_0* const* out, int r0, int r1) {
+  for (int r = r0; r < r1; ++r) {
+    out[r]->d = in.d[r];
+    for (int c = 0; c < kQK / 4; ++c) std::memcpy(out[r]->qs + 4 * c, in.qs + 32 * c + 4 * r, 4);
+  }
+}
+
 void to_x8(const BlockQ4_K* const* in, BlockQ4_Kx8& out) {
   uint8_t L[kQKK];
   for (int r = 0; r < kRows8; ++r) {
@@ -161,6 +175,7 @@ template <bool kToX8>
 void convert(QuantType interleaved, const uint8_t* src, uint8_t* dst, int64_t row_bytes, int64_t K, int r0, int r1) {
   switch (interleaved) {
     case QuantType::kQ4_0x8: return convert_group<BlockQ4_0, BlockQ4_0x8, kToX8>(src, dst, row_bytes, K / kQK, r0, r1);
+    case QuantType::kQ8_0x8: return convert_group<BlockQ8_0, BlockQ8_0x8, kToX8>(src, dst, row_bytes, K / kQK, r0, r1);
     case QuantType::kQ4_Kx8: return convert_group<BlockQ4_K, BlockQ4_Kx8, kToX8>(src, dst, row_bytes, K / kQKK, r0, r1);
     case QuantType::kQ6_Kx8: return convert_group<BlockQ6_K, BlockQ6_Kx8, kToX8>(src, dst, row_bytes, K / kQKK, r0, r1);
     default: throw std::invalid_argument("type: " + std::to_string(static_cast<int32_t>(interleaved)) +
@@ -184,6 +199,7 @@ void deinterleave_group(QuantType interleaved, const uint8_t* group, uint8_t* pl
 QuantType interleaved_type(QuantType type) {
   switch (type) {
     case QuantType::kQ4_0: return QuantType::kQ4_0x8;
+    case QuantType::kQ8_0: return QuantType::kQ8_0x8;
     case QuantType::kQ4_K: return QuantType::kQ4_Kx8;
     case QuantType::kQ6_K: return QuantType::kQ6_Kx8;
     default: return type;
@@ -193,6 +209,7 @@ QuantType interleaved_type(QuantType type) {
 QuantType plain_type(QuantType type) {
   switch (type) {
     case QuantType::kQ4_0x8: return QuantType::kQ4_0;
+    case QuantType::kQ8_0x8: return QuantType::kQ8_0;
     case QuantType::kQ4_Kx8: return QuantType::kQ4_K;
     case QuantType::kQ6_Kx8: return QuantType::kQ6_K;
     default: return type;
