@@ -18,8 +18,8 @@ of --repeats):
            and llama.cpp's peak RSS (llama-bench -p 0 -n 1), next to the weights' bytes
 
 Quantized formats (--dtypes q8_0,q4_0,q4_k): pyengine quantizes the checkpoint at load
-(Engine(..., dtype="float32", quantization=fmt)); llama.cpp runs the f32 GGUF quantized by
-llama-quantize to Q8_0, Q4_0 and Q4_K_M. The tensor types of each side are printed.
+(Engine(..., dtype="float32", quantization=fmt), q4_k as "q4_k_m"); llama.cpp runs the f32 GGUF
+quantized by llama-quantize to Q8_0, Q4_0 and Q4_K_M. The tensor types of each side are printed.
 
     python bench/llamacpp.py --quick        # pp/tg 64, 16 sequences, 1 repeat: a few minutes
     python bench/llamacpp.py                # fp32 and bf16, 3 repeats
@@ -53,10 +53,13 @@ from bench.common import (BENCH_MODELS, BENCH_THREADS, RunResult, bench_checkpoi
 
 # The dtypes and quantized formats compared: the GGUF file llama.cpp runs for each ...
 GGUF_TYPE = {"float32": "f32", "bfloat16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m"}
-QUANTIZED = ("q8_0", "q4_0", "q4_k")  # pyengine: Engine(..., dtype="float32", quantization=fmt)
+QUANTIZED = ("q8_0", "q4_0", "q4_k")  # pyengine: Engine(..., dtype="float32", quantization=PYENGINE_QUANT[fmt])
+# q4_k: pyengine's q4_k_m, llama.cpp's Q4_K_M mixture (Q6_K for some layers' v and down projections)
+PYENGINE_QUANT = {"q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m"}
 # ... and llama.cpp's KV cache type: as pyengine's (the model's dtype) where the tool allows it:
 # llama-bench has no f32 cache, so its fp32 runs keep its default f16 (one sequence of <= 640 tokens:
-# a few MB of KV). Quantized formats keep llama.cpp's default f16 in both tools (pyengine's is float32).
+# a few MB of KV). Quantized formats keep llama.cpp's default f16 in both tools (pyengine's default
+# for quantized weights is bfloat16: the same bytes per value).
 KV_TYPE = {"float32": {"bench": "f16", "batched": "f32"}, "bfloat16": {"bench": "bf16", "batched": "bf16"},
            **{q: {"bench": "f16", "batched": "f16"} for q in QUANTIZED}}
 DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float32": "float32",
@@ -66,7 +69,7 @@ DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float32": "float32",
 
 def pyengine_dtype(name: str) -> tuple[str, str | None]:
     """(Engine dtype, quantization) of a dtype or format name of --dtypes."""
-    return ("float32", name) if name in QUANTIZED else (name, None)
+    return ("float32", PYENGINE_QUANT[name]) if name in QUANTIZED else (name, None)
 
 
 FIGURES = [  # (key, label); ratio = pyengine / llama.cpp, higher is better for pyengine
@@ -398,9 +401,9 @@ def print_memory_table(memory: dict[str, dict]) -> None:
 
 
 def print_mixtures(mixtures: dict[str, dict]) -> None:
-    print("\nTensor types of the quantized models (both sides fall back alike where rows do not fit the format, "
-          "e.g. Q4_K -> Q5_0, Q6_K -> Q8_0; the Q4_K mixtures differ: llama.cpp's Q4_K_M stores some layers' attn_v "
-          "and ffn_down in Q6_K, pyengine's q4_k keeps Q4_K)")
+    print("\nTensor types of the quantized models (both sides follow llama.cpp's rules: Q6_K output, Q4_K_M's Q6_K "
+          "attn_v and ffn_down layers, the same fallbacks where rows do not fit a format, e.g. Q4_K -> Q5_0, "
+          "Q6_K -> Q8_0)")
     print("| format | llama.cpp GGUF (llama-quantize), tensors by type | pyengine (quantize-on-load plan), tensors "
           "by format |\n|---|---|---|")
     for dtype, m in mixtures.items():

@@ -7,7 +7,8 @@ first in every chunk; starting with it keeps both tools on the same tokens).
 
 pyengine: the reference is Engine(model, dtype="float32") -- the checkpoint's weights (fp32 for
 smollm-135m-shape, bf16 values for qwen3-0.6b-shape) computed in fp32 -- and each format is
-Engine(model, dtype="float32", quantization=fmt). Each engine gets the first token of each
+Engine(model, dtype="float32", quantization=fmt) (q4_k: "q4_k_m", the mixture of llama.cpp's Q4_K_M file; the
+KV cache: bfloat16, quantized models' default). Each engine gets the first token of each
 sequence as its prompt and is teacher-forced through the rest by a logits processor (public
 API: SamplingParams.logits_processors sees each step's raw logits row, the whole vocabulary):
 it records the row and forces the sequence's next token. So every position's full distribution
@@ -52,6 +53,7 @@ from bench.common import (BENCH_MODELS, BENCH_THREADS, bench_checkpoint, machine
 
 FORMATS = ("q8_0", "q4_0", "q4_k")
 GGUF_TYPE = {"q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m"}
+PYENGINE_QUANT = {"q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m"}  # q4_k: the mixture of llama.cpp's Q4_K_M
 
 
 # --------------------------------------------------------------------------------------
@@ -323,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                     same[i, pos] = int(lp.argmax()) == ref_top[i, pos]
 
             t0 = time.perf_counter()
-            engine = make_engine(model_dir, "float32", fmt, sequences)
+            engine = make_engine(model_dir, "float32", PYENGINE_QUANT[fmt], sequences)
             load = time.perf_counter() - t0
             plan = engine._parts.quant_plan.summary()
             secs = teacher_forced(engine, sequences, sink)

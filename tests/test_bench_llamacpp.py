@@ -113,7 +113,7 @@ def test_quantized_dtype_options():
     assert llamacpp.parse_dtypes("q8_0,Q4_0,q4_k_m,q4_k,fp32") == ["q8_0", "q4_0", "q4_k", "float32"]
     assert [llamacpp.GGUF_TYPE[d] for d in ("q8_0", "q4_0", "q4_k")] == ["q8_0", "q4_0", "q4_k_m"]
     assert all(t in llamacpp_build.QUANTIZED_TYPES for t in ("q8_0", "q4_0", "q4_k_m"))
-    assert llamacpp.pyengine_dtype("q4_k") == ("float32", "q4_k")
+    assert llamacpp.pyengine_dtype("q4_k") == ("float32", "q4_k_m")  # llama.cpp's Q4_K_M mixture
     assert llamacpp.pyengine_dtype("bfloat16") == ("bfloat16", None)
     # llama.cpp's default f16 KV cache in both tools for the quantized formats
     assert llamacpp.KV_TYPE["q4_0"] == {"bench": "f16", "batched": "f16"}
