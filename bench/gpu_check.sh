@@ -25,9 +25,11 @@
 #      Without .whl/ it installs ".[test]", so pip adds any missing runtime or test
 #      dependency (transformers, pytest, ...) and leaves those present as they are; with
 #      .whl/ (offline) it installs "." with --no-deps, so the Python must already have them.
-#   2. tests/test_cuda_build.py and tests/gpu/ (kernel tests against PyTorch, end-to-end
+#   2. tests/test_cuda_build.py and tests/gpu/ (kernel tests against PyTorch and, for the
+#      quantized linear layer, an fp64 reference; end-to-end
 #      greedy equality with transformers on the GPU, CUDA graphs on/off, overlap, fp8 KV, ...);
-#   3. bench/attention_cuda.py (decode attention bandwidth vs the GPU's, prefill vs SDPA);
+#   3. bench/attention_cuda.py (decode attention bandwidth vs the GPU's, prefill vs SDPA), and
+#      bench/quant_linear_cuda.py (the weight-only quantized linear layer's bandwidth per format);
 #   4. bench/gpu_throughput.py (W1 on a Qwen3-0.6B-shaped model vs transformers; see
 #      bench/README.md).
 # Each step runs under its own time limit. The log (gpu_check.log), the test report
@@ -145,6 +147,10 @@ echo "tests exit status: $tests_rc"
 
 echo "== decode / prefill attention kernels"
 timeout 120 "$PY" bench/attention_cuda.py --json "$out/attention_cuda.json" || echo "attention bench failed: $?"
+
+echo "== weight-only quantized linear layer"
+timeout 120 "$PY" bench/quant_linear_cuda.py --iters 10 --json "$out/quant_linear_cuda.json" \
+  || echo "quantized linear bench failed: $?"
 
 echo "== W1 on a Qwen3-0.6B-shaped model"
 timeout 300 "$PY" bench/gpu_throughput.py --runs "${W1_RUNS:-3}" --json "$out/gpu_throughput.json" \

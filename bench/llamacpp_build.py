@@ -359,6 +359,34 @@ def gguf_files(lc: LlamaCpp, checkpoint: Path, name: str, outtypes: list[str], l
     return {t: out[t] for t in outtypes}
 
 
+GREEDY_SOURCE = Path(__file__).resolve().parent / "cpp" / "llamacpp_greedy.cpp"
+
+
+def greedy_tool(lc: LlamaCpp, log: Log = print) -> Path:
+    """``bench/cpp/llamacpp_greedy.cpp`` (greedy decoding through llama.cpp's C API, printing
+    token ids) linked against the build's static libraries, as ``build/bin/pyengine-greedy``;
+    compiled again when the source or the libraries are newer than it."""
+    out = lc.build_dir / "bin" / "pyengine-greedy"
+    libs = [lc.build_dir / "src" / "libllama.a"] + [lc.build_dir / "ggml" / "src" / f"lib{n}.a"
+                                                    for n in ("ggml", "ggml-cpu", "ggml-base")]
+    missing = [str(p) for p in libs if not p.is_file()]
+    if missing:
+        raise RuntimeError(f"no llama.cpp libraries to link: {', '.join(missing)} missing")
+    newest = max(p.stat().st_mtime_ns for p in [GREEDY_SOURCE, *libs])
+    if out.is_file() and out.stat().st_mtime_ns >= newest:
+        return out
+    cxx = os.environ.get("CXX", "c++")
+    cmd = [cxx, "-std=c++17", "-O2", str(GREEDY_SOURCE), "-I", str(lc.tree / "include"), "-I",
+           str(lc.tree / "ggml" / "include"), *map(str, libs), "-fopenmp", "-lpthread", "-ldl", "-lm",
+           "-o", str(out) + ".tmp"]
+    log(f"compiling {out.name} ...")
+    r = _run(cmd, log, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"compiling {GREEDY_SOURCE.name} failed:\n{(r.stdout + r.stderr)[-4000:]}")
+    os.replace(str(out) + ".tmp", out)
+    return out
+
+
 def gguf_tensor_types(path: Path, tree: Path | None = None) -> dict[str, int]:
     """How many tensors of each GGML type (``"Q4_K"``, ``"F32"``, ...) a GGUF file holds, read
     with the ``gguf`` package's GGUFReader (the installed package, else the copy in the

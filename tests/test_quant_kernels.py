@@ -16,7 +16,7 @@ from pyengine.quant.formats import INTERLEAVED_LAYOUTS
 
 U = 2.0 ** -24  # fp32 unit roundoff
 FORMATS = list(QUANT_FORMATS)  # q8_0, q5_0, q4_0, q4_k, q6_k, q4_z
-X8 = list(INTERLEAVED_LAYOUTS)  # the formats with an interleaved layout: q8_0, q4_0, q4_k, q6_k
+X8 = list(INTERLEAVED_LAYOUTS)  # the formats with an interleaved layout: q8_0, q4_0, q4_k, q6_k, q4_z
 GGUF_TYPE = {"q8_0": GGMLQuantizationType.Q8_0, "q5_0": GGMLQuantizationType.Q5_0, "q4_0": GGMLQuantizationType.Q4_0,
              "q4_k": GGMLQuantizationType.Q4_K, "q6_k": GGMLQuantizationType.Q6_K}
 
@@ -219,12 +219,13 @@ def test_linear_mixed_formats_write_their_column_ranges(cpu_isa):
 def test_interleaving_keeps_every_value(fmt):
     """interleaved() and back is the identity on the bytes; values, embedding rows and the
     format reported stay those of the plain layout; sizes are the plain format's (Q4_K: plus its
-    unpacked scales, 148 bytes per 256 weights against 144)."""
+    unpacked scales, 148 bytes per 256 weights against 144; Q4_Z: less its pad byte, 19 bytes per
+    32 weights against 20)."""
     k = 512
     q = QuantizedWeight.quantize(weights(24, k, seed=20), fmt)
     x8 = q.interleaved()
     assert x8.layouts == [fmt + "x8"] and x8.formats == [fmt] and x8.shape == q.shape
-    assert x8.nbytes == (24 * k // 256 * 148 if fmt == "q4_k" else q.nbytes)
+    assert x8.nbytes == {"q4_k": 24 * k // 256 * 148, "q4_z": 24 * k // 32 * 19}.get(fmt, q.nbytes)
     assert torch.equal(x8.plain().parts[0][1], q.parts[0][1])
     assert torch.equal(x8.dequantize(), q.dequantize())
     ids = torch.tensor([[23, 0], [9, 16]])
@@ -291,7 +292,7 @@ def test_quantized_linear_rejects_bad_input():
     with pytest.raises(ValueError, match=r"K: q4_k rows must hold a positive multiple of 256 weights, got 96"):
         _core._quant_row_bytes(12, 96)
     with pytest.raises(ValueError, match=r"unknown quantization type id 7 \(known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k, "
-                                         r"100 = q4_z; interleaved: 202 = q4_0x8, 208 = q8_0x8, 212 = q4_kx8, 214 = q6_kx8\)"):
+                                         r"100 = q4_z; interleaved: 202 = q4_0x8, 208 = q8_0x8, 212 = q4_kx8, 214 = q6_kx8, 300 = q4_zx8\)"):
         _core._quant_format(7)
     out = torch.full((2, 256), 7.0)
     ids = torch.tensor([0, 8])

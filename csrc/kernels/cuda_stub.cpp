@@ -2,6 +2,7 @@
 #include <stdexcept>
 
 #include "pyengine/cuda_kernels.h"
+#include "pyengine/cuda_quant.h"
 
 namespace pyengine::kernels::cuda {
 
@@ -27,6 +28,11 @@ void paged_attention(void*, int64_t, const void*, int64_t, DType, const void*, c
                      float, float, const int32_t*, const int32_t*, const int32_t*, int32_t, int32_t,
                      int32_t, int32_t, int32_t, int32_t, int32_t, float, int32_t, int32_t, int32_t,
                      void*, size_t, void*) {
+  not_built();
+}
+
+void linear_quant(void*, int64_t, const void*, int64_t, DType, int32_t, const void*, QuantType, int32_t, int32_t,
+                  const void*, void*) {
   not_built();
 }
 

@@ -117,9 +117,9 @@ def start_engine(**engine_args: Any) -> EngineParts:
                     exact_fp32=parts.config.exact_fp32)
         if parts.quant_plan is not None:
             logger.info("quantized at load to %s: %s", parts.config.quantization, parts.quant_plan.summary())
-        if parts.quant_plan is not None or parts.prequantized is not None:
+        if parts.quant_plan is not None or parts.prequantized is not None or getattr(model, "quantized", False):
             del weights
-            release_free_heap()  # the float copies converted one at a time
+            release_free_heap()  # the float copies converted one at a time, the blocks before interleaving
     with _phase(phases, "kv_capacity"):
         parts.capacity = _kv_capacity(parts, model)
     with _phase(phases, "scheduler"):

@@ -35,12 +35,15 @@ class QuantizedWeight:
         if not parts:
             raise ValueError("a QuantizedWeight needs at least one row group")
         checked = []
+        device = parts[0][1].device
         for fmt, data in parts:
             fmt = quant_format(fmt)
             rb = fmt.row_bytes(k)
-            if data.dtype != torch.uint8 or data.dim() != 2 or data.shape[1] != rb or not data.is_cpu:
-                raise ValueError(f"{fmt.name} rows of {k} weights: expected a CPU uint8 tensor [rows, {rb}], "
+            if data.dtype != torch.uint8 or data.dim() != 2 or data.shape[1] != rb or data.device != device:
+                raise ValueError(f"{fmt.name} rows of {k} weights: expected a uint8 tensor [rows, {rb}] on {device}, "
                                  f"got {data.dtype} {tuple(data.shape)} on {data.device}")
+            if fmt.interleaved and device.type != "cpu":
+                raise ValueError(f"{fmt.name} is a CPU layout; on {device} the weights keep llama.cpp's")
             if data.shape[0] % fmt.group_rows:
                 raise ValueError(f"{fmt.name} holds groups of {fmt.group_rows} rows, got {data.shape[0]} rows")
             checked.append((fmt, data.contiguous()))
@@ -95,7 +98,9 @@ class QuantizedWeight:
         """The same weights with each row group whose format has an interleaved layout (Q4_0, Q4_K,
         Q6_K) and whose rows are a multiple of 8 in that layout; the values, and the results of
         every operation but for the order of the fp32 sums, are the same. Returns `self` when no
-        group changes."""
+        group changes (and for weights on a GPU, which reads llama.cpp's layouts)."""
+        if self.device.type != "cpu":
+            return self
         parts = []
         for fmt, data in self.parts:
             layout = INTERLEAVED_LAYOUTS.get(fmt.name)
@@ -133,7 +138,7 @@ class QuantizedWeight:
 
     @property
     def device(self) -> torch.device:
-        return torch.device("cpu")
+        return self.parts[0][1].device
 
     @property
     def nbytes(self) -> int:
@@ -154,9 +159,17 @@ class QuantizedWeight:
         return self.parts[0][1].data_ptr()
 
     def to(self, device: torch.device | str) -> "QuantizedWeight":
-        if torch.device(device).type != "cpu":
-            raise ValueError(f"quantized weights run on the CPU only, not on {device}")
-        return self
+        """The weights on `device`: the CPU, or a CUDA device (in llama.cpp's layout, which the
+        GPU's linear kernel reads; `linear` is the operation that runs there)."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device == self.device:
+            return self
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"quantized weights run on the CPU or a CUDA device, not on {device}")
+        src = self.plain() if device.type == "cuda" else self
+        return QuantizedWeight([(f, d.to(device)) for f, d in src.parts], self.k)
 
     def contiguous(self) -> "QuantizedWeight":
         return self
@@ -169,7 +182,9 @@ class QuantizedWeight:
             row += data.shape[0]
 
     def dequantize(self) -> torch.Tensor:
-        """The fp32 values [N, K]."""
+        """The fp32 values [N, K] (on the weights' device; a GPU's are computed on the CPU)."""
+        if self.device.type != "cpu":
+            return self.to("cpu").dequantize().to(self.device)
         out = torch.empty((self.n, self.k), dtype=torch.float32)
         for fmt, data, row, rows in self._row_groups():
             _core._dequantize_rows(fmt.type_id, data.data_ptr(), out[row:].data_ptr(), rows, self.k)
@@ -178,6 +193,8 @@ class QuantizedWeight:
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """The fp32 rows `ids` (any shape of int ids): an embedding lookup. ValueError naming an id
         out of range."""
+        if self.device.type != "cpu":  # looked up on the CPU
+            return self.to("cpu").embedding(ids.cpu()).to(self.device)
         flat = ids.reshape(-1).to(torch.int64).contiguous()
         out = torch.empty((flat.numel(), self.k), dtype=torch.float32)
         if len(self.parts) == 1:
@@ -201,9 +218,13 @@ class QuantizedWeight:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                out: torch.Tensor | None = None) -> torch.Tensor:
-        """``x[M, K] @ W.T (+ bias)`` in fp32 (x is quantized to 8 bits per block on the fly)."""
+        """``x[M, K] @ W.T (+ bias)``. On the CPU in fp32 (x is quantized to 8 bits per block on
+        the fly); on a GPU in x's dtype (float32, bfloat16 or float16), the weights dequantized on
+        the fly and the sums in fp32."""
         if x.dim() != 2 or x.shape[1] != self.k:
             raise ValueError(f"x: expected shape [M, {self.k}], got {tuple(x.shape)}")
+        if self.device.type == "cuda":
+            return self._linear_cuda(x, bias, out)
         if x.dtype != torch.float32:
             x = x.float()
         _check_float(x, "x")
@@ -227,6 +248,31 @@ class QuantizedWeight:
             b = 0 if bias is None else bias[row:].data_ptr()
             _core._linear_quant(out[:, row:].data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), m,
                                 data.data_ptr(), fmt.type_id, rows, self.k, b, threads)
+        return out
+
+    def _linear_cuda(self, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+        codes = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+        if x.device != self.device or x.dtype not in codes:
+            raise ValueError(f"x: expected a float32, bfloat16 or float16 tensor on {self.device}, "
+                             f"got {x.dtype} on {x.device}")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        m = x.shape[0]
+        if out is None:
+            out = torch.empty((m, self.n), dtype=x.dtype, device=x.device)
+        elif out.dtype != x.dtype or out.device != x.device or tuple(out.shape) != (m, self.n) or out.stride(1) != 1:
+            raise ValueError(f"out: expected a row-major [{m}, {self.n}] {x.dtype} tensor on {x.device}")
+        if m == 0:
+            return out
+        if bias is not None:
+            bias = bias.to(device=x.device, dtype=x.dtype).contiguous()
+            if tuple(bias.shape) != (self.n,):
+                raise ValueError(f"bias: expected shape ({self.n},), got {tuple(bias.shape)}")
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        for fmt, data, row, rows in self._row_groups():
+            b = 0 if bias is None else bias[row:].data_ptr()
+            _core._cuda_linear_quant(out[:, row:].data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), codes[x.dtype],
+                                     m, data.data_ptr(), fmt.type_id, rows, self.k, b, stream)
         return out
 
     def __repr__(self) -> str:

@@ -1,7 +1,8 @@
 // The quantized-weight kernels through the C++ API (pyengine/cpu_quant.h), at every
 // instruction-set level this CPU has: quantize -> dequantize round trips, linear_quant against a
-// double-precision reference on activations that the 8-bit blocks represent exactly, batch
-// invariance, no read past the last weight row (a guard page), argument errors.
+// double-precision reference on activations that the 8-bit blocks represent exactly (llama.cpp's
+// layouts and the interleaved ones), batch invariance, no read past the last weight row (a guard
+// page), argument errors.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -23,6 +24,9 @@ namespace {
 
 const QuantType kTypes[] = {QuantType::kQ8_0, QuantType::kQ5_0, QuantType::kQ4_0, QuantType::kQ4_K,
                             QuantType::kQ6_K, QuantType::kQ4_Z};
+
+const QuantType kInterleavable[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_K, QuantType::kQ6_K,
+                                    QuantType::kQ4_Z};
 
 std::vector<float> gaussian(std::mt19937& rng, size_t n) {
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -58,18 +62,30 @@ Quantized quantize(QuantType t, const std::vector<float>& w, int32_t N, int32_t 
   return q;
 }
 
-void check_against_reference(QuantType t, int32_t M, int32_t N, int32_t K, std::mt19937& rng, const char* level) {
-  const Quantized w = quantize(t, gaussian(rng, static_cast<size_t>(N) * K), N, K);
+// The blocks of `q` (N rows of `t`) in t's interleaved layout.
+std::vector<uint8_t> interleaved(QuantType t, const Quantized& q, int32_t N, int32_t K) {
+  std::vector<uint8_t> out(static_cast<size_t>(N * quant_row_bytes(interleaved_type(t), K)));
+  interleave_rows(t, q.data.data(), out.data(), N, K);
+  return out;
+}
+
+// x8: compute from the interleaved layout of the same blocks.
+void check_against_reference(QuantType t, int32_t M, int32_t N, int32_t K, std::mt19937& rng, const char* level,
+                             bool x8 = false) {
+  Quantized w = quantize(t, gaussian(rng, static_cast<size_t>(N) * K), N, K);
+  const std::vector<uint8_t> plain = w.data;
+  if (x8) w.data = interleaved(t, w, N, K);
+  const QuantType lt = x8 ? interleaved_type(t) : t;
   const std::vector<float> x = exact_activations(rng, M, K);
   std::vector<float> bias = gaussian(rng, N), y(static_cast<size_t>(M) * N);
-  linear_quant(y.data(), N, x.data(), K, M, w.data.data(), t, N, K, bias.data(), 2);
+  linear_quant(y.data(), N, x.data(), K, M, w.data.data(), lt, N, K, bias.data(), 2);
   const int32_t block = quant_format(t).block_elems;
   const double u = std::ldexp(1.0, -24), gamma = (K / block + 6) * u;
   // Q4_K subtracts its sub-block offsets (dmin * m) apart from the scaled levels: the rounding
   // errors scale with |w| + 2 |offset| there. The offsets: the values with every level zeroed.
   std::vector<float> offsets(w.values.size(), 0.0f);
   if (t == QuantType::kQ4_K) {
-    std::vector<uint8_t> zeroed = w.data;
+    std::vector<uint8_t> zeroed = plain;
     for (size_t b = 0; b < zeroed.size(); b += 144) std::memset(&zeroed[b + 16], 0, 128);
     dequantize_rows(t, zeroed.data(), offsets.data(), N, K);
   }
@@ -83,13 +99,13 @@ void check_against_reference(QuantType t, int32_t M, int32_t N, int32_t K, std::
       }
       const double err = std::fabs(y[m * N + n] - exact);
       if (!(err <= gamma * terms))
-        test::fail(__FILE__, __LINE__, std::string(level) + " " + quant_format(t).name + " M=" + std::to_string(M) +
+        test::fail(__FILE__, __LINE__, std::string(level) + " " + quant_format(lt).name + " M=" + std::to_string(M) +
                                            " N=" + std::to_string(N) + ": error " + std::to_string(err) +
                                            " > bound " + std::to_string(gamma * terms));
     }
   // batch invariance: the first row alone gives bit for bit what it gave in the batch
   std::vector<float> y1(N);
-  linear_quant(y1.data(), N, x.data(), K, 1, w.data.data(), t, N, K, bias.data(), 2);
+  linear_quant(y1.data(), N, x.data(), K, 1, w.data.data(), lt, N, K, bias.data(), 2);
   CHECK(std::memcmp(y1.data(), y.data(), sizeof(float) * N) == 0);
 }
 
@@ -119,6 +135,29 @@ TEST(linear_matches_double_reference_at_every_level) {
   });
 }
 
+TEST(interleaved_layouts_hold_the_same_blocks_and_compute_the_same_products) {
+  std::mt19937 rng(4);
+  const int32_t N = 16, K = 512;
+  for (QuantType t : kInterleavable) {
+    const Quantized q = quantize(t, gaussian(rng, static_cast<size_t>(N) * K), N, K);
+    const std::vector<uint8_t> x8 = interleaved(t, q, N, K);
+    std::vector<uint8_t> back(q.data.size());
+    deinterleave_rows(interleaved_type(t), x8.data(), back.data(), N, K);
+    CHECK(back == q.data);
+    std::vector<float> values(q.values.size());
+    dequantize_rows(interleaved_type(t), x8.data(), values.data(), N, K);
+    CHECK(values == q.values);
+    CHECK(plain_type(interleaved_type(t)) == t);
+  }
+  at_every_level([](const char* level) {
+    std::mt19937 rng(5);
+    for (QuantType t : kInterleavable)
+      for (int32_t M : {1, 2, 3, 4, 5, 9})
+        for (int32_t N : {8, 16, 24})
+          check_against_reference(t, M, N, 768, rng, level, true);
+  });
+}
+
 TEST(no_read_past_the_last_weight_row) {
   // the weights end exactly at a PROT_NONE page: any read beyond them faults
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -141,6 +180,21 @@ TEST(no_read_past_the_last_weight_row) {
           CHECK(y == ref);
         }
       }
+    for (QuantType t : kInterleavable)  // the last group of 8 rows of an interleaved layout
+      for (int32_t N : {8, 16}) {
+        const int32_t K = 512;
+        const Quantized w = quantize(t, gaussian(rng, static_cast<size_t>(N) * K), N, K);
+        const std::vector<uint8_t> x8 = interleaved(t, w, N, K);
+        uint8_t* at = static_cast<uint8_t*>(mem) + 3 * page - x8.size();
+        std::memcpy(at, x8.data(), x8.size());
+        for (int32_t M : {1, 2, 5}) {
+          const std::vector<float> x = exact_activations(rng, M, K);
+          std::vector<float> y(static_cast<size_t>(M) * N), ref(y.size());
+          linear_quant(y.data(), N, x.data(), K, M, at, interleaved_type(t), N, K, nullptr, 2);
+          linear_quant(ref.data(), N, x.data(), K, M, x8.data(), interleaved_type(t), N, K, nullptr, 2);
+          CHECK(y == ref);
+        }
+      }
   });
   munmap(mem, 4 * page);
 }
@@ -155,7 +209,12 @@ TEST(argument_errors_name_the_argument) {
   CHECK_THROWS((linear_quant(y.data(), 4, x.data(), 512, 1, w.data(), QuantType::kQ4_0, 8, 512, nullptr, 1)), std::invalid_argument,
                "ldy: must be >= N = 8, got 4");
   CHECK_THROWS(quant_format(static_cast<QuantType>(3)), std::invalid_argument,
-               "type: unknown quantization type id 3 (known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k, 100 = q4_z)");
+               "type: unknown quantization type id 3 (known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k, "
+               "100 = q4_z; interleaved: 202 = q4_0x8, 208 = q8_0x8, 212 = q4_kx8, 214 = q6_kx8, 300 = q4_zx8)");
+  CHECK_THROWS((linear_quant(y.data(), 8, x.data(), 512, 1, w.data(), QuantType::kQ4_0x8, 4, 512, nullptr, 1)),
+               std::invalid_argument, "N: q4_0x8 holds groups of 8 rows, got 4");
+  CHECK_THROWS((interleave_rows(QuantType::kQ4_0, w.data(), w.data(), 12, 32)), std::invalid_argument,
+               "rows: must be a multiple of 8, got 12");
   const int64_t ids[] = {0, 9};
   CHECK_THROWS((dequantize_gather(QuantType::kQ4_0, w.data(), 8, 512, ids, 2, y.data())), std::invalid_argument,
                "ids[1]: 9 is out of range [0, 8)");

@@ -25,6 +25,8 @@
 //           4j + t = q(j, 4c + t)
 //   Q4_0x8  per 32 weights (144 bytes): fp16 d[8] (row j's), then 4 chunks c of 32 bytes, byte
 //           4j + t = level(j, 8c + t) | level(j, 8c + 4 + t) << 4 (levels 0..15 as in Q4_0)
+//   Q4_Zx8  per 32 weights (152 bytes): fp16 d[8], uint8 z[8], then the nibbles as Q4_0x8's
+//           (Q4_Z's pad byte is not kept: 19 bytes a row per 32 weights against 20)
 //   Q4_Kx8  per 256 weights (1184 bytes): fp16 d[8], fp16 dmin[8], scales[8 sub-blocks][8 rows]
 //           and mins[4 pairs of sub-blocks][8 rows][2] as plain 6-bit values, then per sub-block
 //           s 4 chunks c as Q4_0x8's over positions 32s + 8c + (0..7)
@@ -53,7 +55,7 @@ namespace pyengine::kernels {
 // format they hold.)
 enum class QuantType : int32_t {
   kQ4_0 = 2, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14, kQ4_Z = 100,
-  kQ4_0x8 = 202, kQ8_0x8 = 208, kQ4_Kx8 = 212, kQ6_Kx8 = 214,
+  kQ4_0x8 = 202, kQ8_0x8 = 208, kQ4_Kx8 = 212, kQ6_Kx8 = 214, kQ4_Zx8 = 300,
 };
 
 // Rows per group of an interleaved layout.
@@ -72,14 +74,14 @@ QuantFormat quant_format(QuantType type);
 int64_t quant_row_bytes(QuantType type, int64_t K);
 
 // The interleaved layout of `type` (Q4_0 -> Q4_0x8, ...), or `type` itself where there is none
-// (Q5_0, Q4_Z).
+// (Q5_0).
 QuantType interleaved_type(QuantType type);
 // The format an interleaved layout holds (Q4_0x8 -> Q4_0); other types: themselves.
 QuantType plain_type(QuantType type);
 
-// Copies `rows` rows of K weights of `type` (Q4_0, Q8_0, Q4_K or Q6_K; rows a multiple
+// Copies `rows` rows of K weights of `type` (Q4_0, Q8_0, Q4_K, Q6_K or Q4_Z; rows a multiple
 // of 8) into its interleaved layout at `dst` (rows * quant_row_bytes(interleaved_type(type), K)
-// bytes); deinterleave_rows undoes it, byte for byte.
+// bytes); deinterleave_rows undoes it, byte for byte (Q4_Z: with its pad bytes 0).
 void interleave_rows(QuantType type, const void* src, void* dst, int64_t rows, int64_t K);
 void deinterleave_rows(QuantType interleaved, const void* src, void* dst, int64_t rows, int64_t K);
 

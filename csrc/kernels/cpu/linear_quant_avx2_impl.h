@@ -372,6 +372,7 @@ void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
     case QuantType::kQ6_K: return rows256(a, n0, n1);
     case QuantType::kQ4_0x8:
     case QuantType::kQ8_0x8:
+    case QuantType::kQ4_Zx8:
     case QuantType::kQ4_Kx8:
     case QuantType::kQ6_Kx8: return rows_x8(a, n0, n1);
   }

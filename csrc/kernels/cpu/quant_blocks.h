@@ -60,6 +60,11 @@ struct BlockQ4_0x8 {
   uint16_t d[kRows8];  // fp16
   uint8_t qs[kRows8 * kQK / 2];
 };
+struct BlockQ4_Zx8 {
+  uint16_t d[kRows8];  // fp16
+  uint8_t z[kRows8];   // zero points, 0..15
+  uint8_t qs[kRows8 * kQK / 2];
+};
 struct BlockQ4_Kx8 {
   uint16_t d[kRows8];     // fp16
   uint16_t dmin[kRows8];  // fp16
@@ -76,6 +81,7 @@ static_assert(sizeof(BlockQ4_0x8) == 8 * sizeof(BlockQ4_0) && sizeof(BlockQ8_0x8
                   sizeof(BlockQ6_Kx8) == 8 * sizeof(BlockQ6_K),
               "interleaved layouts of Q4_0, Q8_0 and Q6_K take the same bytes");
 static_assert(sizeof(BlockQ4_Kx8) == 1184, "Q4_Kx8: 8 x 148 bytes");
+static_assert(sizeof(BlockQ4_Zx8) == 152, "Q4_Zx8: 8 x 19 bytes");
 
 // Activations quantized for blocks of 32 weights: x ~= d * qs; s8 = 8 * d * sum(qs) (what Q4_0's
 // level offset of 8 takes off a block's dot product; Q5_0's offset of 16 takes 2 * s8).

@@ -17,10 +17,13 @@ namespace {
 
 // ---- the levels of one plain block ----
 
-void q4_0_levels(const BlockQ4_0& b, uint8_t* L) {
+// Q4_0 and Q4_Z: low nibble i = weight i, high nibble i = weight 16 + i
+template <typename B>
+void nibble_levels(const B& b, uint8_t* L) {
   for (int i = 0; i < kQK / 2; ++i) L[i] = b.qs[i] & 0x0f, L[i + kQK / 2] = b.qs[i] >> 4;
 }
-void q4_0_set_levels(BlockQ4_0& b, const uint8_t* L) {
+template <typename B>
+void set_nibble_levels(B& b, const uint8_t* L) {
   for (int i = 0; i < kQK / 2; ++i) b.qs[i] = static_cast<uint8_t>(L[i] | (L[i + kQK / 2] << 4));
 }
 void q4_k_levels(const BlockQ4_K& b, uint8_t* L) {
@@ -66,7 +69,7 @@ void to_x8(const BlockQ4_0* const* in, BlockQ4_0x8& out) {
   uint8_t L[kQK];
   for (int r = 0; r < kRows8; ++r) {
     out.d[r] = in[r]->d;
-    q4_0_levels(*in[r], L);
+    nibble_levels(*in[r], L);
     put_nibble_chunks(L, r, kQK, out.qs);
   }
 }
@@ -75,7 +78,27 @@ void from_x8(const BlockQ4_0x8& in, BlockQ4_0* const* out, int r0, int r1) {
   for (int r = r0; r < r1; ++r) {
     out[r]->d = in.d[r];
     get_nibble_chunks(in.qs, r, kQK, L);
-    q4_0_set_levels(*out[r], L);
+    set_nibble_levels(*out[r], L);
+  }
+}
+
+void to_x8(const BlockQ4_Z* const* in, BlockQ4_Zx8& out) {
+  uint8_t L[kQK];
+  for (int r = 0; r < kRows8; ++r) {
+    out.d[r] = in[r]->d;
+    out.z[r] = in[r]->z;
+    nibble_levels(*in[r], L);
+    put_nibble_chunks(L, r, kQK, out.qs);
+  }
+}
+void from_x8(const BlockQ4_Zx8& in, BlockQ4_Z* const* out, int r0, int r1) {
+  uint8_t L[kQK];
+  for (int r = r0; r < r1; ++r) {
+    out[r]->d = in.d[r];
+    out[r]->z = in.z[r];
+    out[r]->pad = 0;
+    get_nibble_chunks(in.qs, r, kQK, L);
+    set_nibble_levels(*out[r], L);
   }
 }
 
@@ -176,6 +199,7 @@ void convert(QuantType interleaved, const uint8_t* src, uint8_t* dst, int64_t ro
   switch (interleaved) {
     case QuantType::kQ4_0x8: return convert_group<BlockQ4_0, BlockQ4_0x8, kToX8>(src, dst, row_bytes, K / kQK, r0, r1);
     case QuantType::kQ8_0x8: return convert_group<BlockQ8_0, BlockQ8_0x8, kToX8>(src, dst, row_bytes, K / kQK, r0, r1);
+    case QuantType::kQ4_Zx8: return convert_group<BlockQ4_Z, BlockQ4_Zx8, kToX8>(src, dst, row_bytes, K / kQK, r0, r1);
     case QuantType::kQ4_Kx8: return convert_group<BlockQ4_K, BlockQ4_Kx8, kToX8>(src, dst, row_bytes, K / kQKK, r0, r1);
     case QuantType::kQ6_Kx8: return convert_group<BlockQ6_K, BlockQ6_Kx8, kToX8>(src, dst, row_bytes, K / kQKK, r0, r1);
     default: throw std::invalid_argument("type: " + std::to_string(static_cast<int32_t>(interleaved)) +
@@ -200,6 +224,7 @@ QuantType interleaved_type(QuantType type) {
   switch (type) {
     case QuantType::kQ4_0: return QuantType::kQ4_0x8;
     case QuantType::kQ8_0: return QuantType::kQ8_0x8;
+    case QuantType::kQ4_Z: return QuantType::kQ4_Zx8;
     case QuantType::kQ4_K: return QuantType::kQ4_Kx8;
     case QuantType::kQ6_K: return QuantType::kQ6_Kx8;
     default: return type;
@@ -210,6 +235,7 @@ QuantType plain_type(QuantType type) {
   switch (type) {
     case QuantType::kQ4_0x8: return QuantType::kQ4_0;
     case QuantType::kQ8_0x8: return QuantType::kQ8_0;
+    case QuantType::kQ4_Zx8: return QuantType::kQ4_Z;
     case QuantType::kQ4_Kx8: return QuantType::kQ4_K;
     case QuantType::kQ6_Kx8: return QuantType::kQ6_K;
     default: return type;

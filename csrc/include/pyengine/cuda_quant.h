@@ -1,0 +1,29 @@
+// Weight-only quantized linear layer on the GPU: the block formats of pyengine/cpu_quant.h
+// (llama.cpp's Q8_0, Q5_0, Q4_0, Q4_K, Q6_K, and pyengine's Q4_Z for AWQ/GPTQ checkpoints),
+// read in their llama.cpp row layout from device memory and dequantized on the fly; the
+// activations stay in their floating-point type and the sums are fp32.
+//
+// Every pointer is a *device* pointer; the launch goes on `stream` (a cudaStream_t passed as
+// void*); nothing synchronizes or allocates, so a call can be captured in a CUDA graph.
+// Errors: invalid arguments throw std::invalid_argument naming the argument; a failed launch
+// throws std::runtime_error with CUDA's message. In a build without CUDA it throws
+// std::runtime_error saying so.
+#pragma once
+
+#include <cstdint>
+
+#include "pyengine/cpu_quant.h"
+#include "pyengine/kernels.h"
+
+namespace pyengine::kernels::cuda {
+
+// y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]) for W [N, K] quantized as `type` (a plain
+// layout: N rows of quant_row_bytes(type, K) bytes), x [M, K] and y [M, N] (rows ldx / ldy
+// elements apart) and bias [N] in `dtype` (float32, bfloat16 or float16). One warp per weight
+// row, each lane dequantizing 32 weights at a time into registers and multiplying them with up
+// to 8 rows of x per pass: reads the weights once per 8 rows of x (a GEMV at M = 1; larger M
+// repeats the pass, with no tensor-core tiles yet).
+void linear_quant(void* y, int64_t ldy, const void* x, int64_t ldx, DType dtype, int32_t M, const void* weight,
+                  QuantType type, int32_t N, int32_t K, const void* bias, void* stream);
+
+}  // namespace pyengine::kernels::cuda
