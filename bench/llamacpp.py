@@ -418,7 +418,8 @@ def print_mixtures(mixtures: dict[str, dict]) -> None:
 def print_table(dtype: str, res: dict, sizes: Sizes) -> None:
     kv = res["llama_cpp_kv_cache_type"]
     if dtype in QUANTIZED:
-        what = (f"pyengine: quantized at load to {dtype}, float32 activations and KV cache; llama.cpp: GGUF "
+        what = (f"pyengine: quantized at load to {PYENGINE_QUANT[dtype]}, float32 activations, float16 KV cache "
+                f"(its default for quantized weights); llama.cpp: GGUF "
                 f"{GGUF_TYPE[dtype].upper()} from llama-quantize, KV cache {kv['bench']} (its default) in "
                 f"llama-bench and llama-batched-bench")
     else:

@@ -8,7 +8,7 @@ first in every chunk; starting with it keeps both tools on the same tokens).
 pyengine: the reference is Engine(model, dtype="float32") -- the checkpoint's weights (fp32 for
 smollm-135m-shape, bf16 values for qwen3-0.6b-shape) computed in fp32 -- and each format is
 Engine(model, dtype="float32", quantization=fmt) (q4_k: "q4_k_m", the mixture of llama.cpp's Q4_K_M file; the
-KV cache: bfloat16, quantized models' default). Each engine gets the first token of each
+KV cache: float16, quantized models' default). Each engine gets the first token of each
 sequence as its prompt and is teacher-forced through the rest by a logits processor (public
 API: SamplingParams.logits_processors sees each step's raw logits row, the whole vocabulary):
 it records the row and forces the sequence's next token. So every position's full distribution

@@ -36,7 +36,7 @@ class KvCacheConfig:
     The pool is also never larger than every sequence slot at `max_seq_len` needs.
     dtype: storage dtype of K and V; "auto" follows the model's dtype, except that quantized
         weights (quantization=, a quantized GGUF file, an AWQ/GPTQ checkpoint), which compute in
-        float32, keep a "bfloat16" cache (as llama.cpp keeps 16-bit K and V). "float8_e4m3" (CUDA,
+        float32, keep a "float16" cache (as llama.cpp does by default). "float8_e4m3" (CUDA,
         bfloat16/float16 models) stores e4m3 values with per-tensor scales k_scale/v_scale
         (stored = value / scale).
     enable_block_reuse: requests sharing a prefix share its full KV blocks (prefix caching);

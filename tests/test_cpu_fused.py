@@ -174,7 +174,7 @@ def test_cpp_decode_layers_equal_the_python_forward_bit_for_bit(checkpoint_facto
 def test_cpp_decode_layers_with_quantized_weights_equal_the_python_forward(checkpoint_factory, monkeypatch, variant,
                                                                           fmt, cpu_isa):
     """Quantized linears (QuantLinearDesc records; Q4_0 and Q4_K interleaved, Q6_K the tied
-    output's) in the one-call path on a bfloat16 cache (quantized models' default), prompts in
+    output's) in the one-call path on a float16 cache (quantized models' default), prompts in
     chunks of up to 8 rows next to decode rows: the same kernels in the same order as the Python
     forward."""
     if fmt == "q4_k":  # rows of 256 weights: Q4_K and Q6_K themselves, not their fallbacks

@@ -36,7 +36,7 @@ from bench import llamacpp_build  # noqa: E402
 TYPES = ("Q8_0", "Q4_0", "Q4_K_M")
 PLAN = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K_M": "q4_k_m"}  # pyengine's quantize-on-load of the same mixture
 GENERATED = 24
-F16_KV = KvCacheConfig(dtype="float16")  # llama.cpp's default cache
+F16_KV = KvCacheConfig(dtype="float16")  # llama.cpp's default cache (and pyengine's for quantized weights)
 
 
 def _quiet(_msg: str) -> None:

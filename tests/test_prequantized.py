@@ -63,7 +63,7 @@ def reference_models(float_dir, dequantized):
 def test_prequantized_greedy_matches_transformers(variant, float_dir, prequantized):
     model_dir, dequantized = prequantized[variant]
     engine = Engine(model_dir, kv_cache_config=KvCacheConfig(dtype="float32"))  # as the reference keeps K, V
-    assert Engine(model_dir, max_seq_len=64).kv_dtype == torch.bfloat16  # the default for quantized weights
+    assert Engine(model_dir, max_seq_len=64).kv_dtype == torch.float16  # the default for quantized weights
     layer = engine._runner.model.layers[0]
     assert isinstance(layer["qkv"], QuantizedWeight) and layer["qkv"].formats == ["q4_z"]
     # the repacked blocks hold exactly the checkpoint's (q - z) * s

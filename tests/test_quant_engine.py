@@ -33,7 +33,7 @@ def prompts(n: int, vocab: int = 512) -> list[list[int]]:
 
 
 # The reference keeps K and V in float32: so must the engines checked against it (by default a
-# quantized model's cache is bfloat16, whose rounding the reference does not model).
+# quantized model's cache is float16, whose rounding the reference does not model).
 FP32_KV = KvCacheConfig(dtype="float32")
 
 
@@ -72,13 +72,13 @@ def test_quantized_tied_qwen3(qwen3_tied_dir):
     check_greedy_against_reference(engine, qwen3_tied_dir)
 
 
-def test_quantized_models_keep_a_bfloat16_cache_by_default(llama_q_dir):
-    """KvCacheConfig(dtype="auto") with quantized weights: K and V in bfloat16 (16 bits, as
-    llama.cpp keeps them), activations in float32; asked for, float32; a float model's stays its
-    dtype. (test_cpu_fused checks the one-call decode path against the layer-by-layer one on such a
+def test_quantized_models_keep_a_float16_cache_by_default(llama_q_dir):
+    """KvCacheConfig(dtype="auto") with quantized weights: K and V in float16 (llama.cpp's
+    default), activations in float32; asked for, float32; a float model's stays its dtype.
+    (test_cpu_fused checks the one-call decode path against the layer-by-layer one on such a
     cache.)"""
     engine = Engine(llama_q_dir, quantization="q4_0", max_seq_len=128)
-    assert engine.kv_dtype == torch.bfloat16 and engine._runner.kv_pool.dtype == torch.bfloat16
+    assert engine.kv_dtype == torch.float16 and engine._runner.kv_pool.dtype == torch.float16
     ps = prompts(4)
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     out = [r.token_ids for r in engine.generate(ps, params, use_tqdm=False)]

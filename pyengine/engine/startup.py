@@ -178,11 +178,11 @@ def _configure(cfg: EngineConfig) -> EngineParts:
     if header is None:
         tokenizer = load_tokenizer(cfg.model)
     if kv_dtype is None:
-        # quantized weights compute in float32 but keep K and V in 16 bits, as llama.cpp does: half
-        # the bytes every decode step reads per token of context, rounded as a bf16 model's cache
+        # quantized weights compute in float32 but keep K and V in float16, as llama.cpp does: half
+        # the bytes every decode step reads per token of context
         quantized = cfg.quantization is not None or prequantized is not None or (
             header is not None and bool(gguf_quantized_types(header)))
-        kv_dtype = torch.bfloat16 if quantized and device.type == "cpu" else cfg.dtype
+        kv_dtype = torch.float16 if quantized and device.type == "cpu" else cfg.dtype
     parts = EngineParts(config=cfg, model_config=mc, tokenizer=tokenizer, device=device,
                         kv_dtype=kv_dtype, max_seq_len=max_seq_len, graph_sizes=_graph_sizes(cfg, device),
                         gguf_header=header)
