@@ -354,12 +354,7 @@ void act_row_256(const float* x, ActQ8_256* out, int32_t K) {
 
 void quantize_activations(const float* x, int64_t ldx, int32_t m0, int32_t m1, int32_t K, int32_t block,
                           uint8_t* xq, int64_t xrow_bytes) {
-  for (int32_t m = m0; m < m1; ++m) {
-    if (block == kQK)
-      act_row_32(x + m * ldx, reinterpret_cast<ActQ8_32*>(xq + m * xrow_bytes), K);
-    else
-      act_row_256(x + m * ldx, reinterpret_cast<ActQ8_256*>(xq + m * xrow_bytes), K);
-  }
+  quantize_activation_rows(x, ldx, m0, m1, K, block, xq, xrow_bytes, act_row_32, act_row_256);
 }
 
 void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {

@@ -34,6 +34,19 @@ static inline void quant_linear_store(const QuantLinearArgs& a, int32_t m, int32
   a.y[m * a.ldy + n] = a.bias != nullptr ? acc + a.bias[n] : acc;
 }
 
+// Rows [m0, m1) of x into activation blocks with a level's row quantizers (row32 for blocks of
+// 32 values, row256 for 256).
+template <typename Row32, typename Row256>
+inline void quantize_activation_rows(const float* x, int64_t ldx, int32_t m0, int32_t m1, int32_t K, int32_t block,
+                                     uint8_t* xq, int64_t xrow_bytes, Row32 row32, Row256 row256) {
+  for (int32_t m = m0; m < m1; ++m) {
+    if (block == kQK)
+      row32(x + m * ldx, reinterpret_cast<ActQ8_32*>(xq + m * xrow_bytes), K);
+    else
+      row256(x + m * ldx, reinterpret_cast<ActQ8_256*>(xq + m * xrow_bytes), K);
+  }
+}
+
 // Each level: the weight rows [n0, n1) against every row of x; rows [m0, m1) of x (K values
 // each, rows ldx apart) into 8-bit blocks of 32 (ActQ8_32) or 256 (ActQ8_256) values, rows
 // xrow_bytes apart, as quantize_act_32 / quantize_act_256 do, bit for bit, at every level.

@@ -136,12 +136,7 @@ float dot_row(const QuantLinearArgs& a, const uint8_t* w, const uint8_t* x) {
 
 void quantize_activations(const float* x, int64_t ldx, int32_t m0, int32_t m1, int32_t K, int32_t block,
                           uint8_t* xq, int64_t xrow_bytes) {
-  for (int32_t m = m0; m < m1; ++m) {
-    if (block == kQK)
-      quantize_act_32(x + m * ldx, reinterpret_cast<ActQ8_32*>(xq + m * xrow_bytes), K);
-    else
-      quantize_act_256(x + m * ldx, reinterpret_cast<ActQ8_256*>(xq + m * xrow_bytes), K);
-  }
+  quantize_activation_rows(x, ldx, m0, m1, K, block, xq, xrow_bytes, quantize_act_32, quantize_act_256);
 }
 
 void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {

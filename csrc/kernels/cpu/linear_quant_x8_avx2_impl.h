@@ -25,18 +25,21 @@ inline void prefetch_lines(const void* p, int32_t bytes) {
 // Integer sums of 16 products per int16 lane stay below 2^15 for levels below 16 (16 * 15 * 127);
 // 6-bit levels (Q6_K) take 4 products per lane (4 * 63 * 127) before widening.
 
-template <int MB>
-void group_q4_0x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
+// Q4_0x8 and Q4_Zx8: unsigned 4-bit levels less an offset, 8 for Q4_0, each row's own zero
+// point z for Q4_Z.
+template <typename B, int MB>
+void group_nibbles_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
+  constexpr bool kZeroPoints = std::is_same_v<B, BlockQ4_Zx8>;
   const int32_t nb = a.K / kQK;
-  const auto* w = reinterpret_cast<const BlockQ4_0x8*>(a.w + g * kRows8 * a.wrow_bytes);
+  const auto* w = reinterpret_cast<const B*>(a.w + g * kRows8 * a.wrow_bytes);
   const ActQ8_32* x[MB];
   for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_32*>(a.xq + (m0 + m) * a.xrow_bytes);
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   for (int32_t b = 0; b < nb; ++b) {
-    const BlockQ4_0x8& wb = w[b];
-    if (MB == 1) prefetch_lines(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ4_0x8));
+    const B& wb = w[b];
+    if (MB == 1) prefetch_lines(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(B));
     __m256i s[MB];
     for (int m = 0; m < MB; ++m) s[m] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {  // positions 8c .. 8c + 3 (low nibbles), 8c + 4 .. 8c + 7 (high)
@@ -48,44 +51,13 @@ void group_q4_0x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
       }
     }
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
+    __m256 z;  // Q4_Z: the rows' zero points
+    if constexpr (kZeroPoints)
+      z = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.z))));
     for (int m = 0; m < MB; ++m) {
-      // d_w * (d_x * sum(q x) - 8 d_x sum(x)): the levels' offset of 8 taken off
+      // d_w * (d_x * sum(q x) - offset * d_x * sum(x)); s8 = 8 d_x sum(x), so s8 / 8 exactly d_x sum(x)
+      const __m256 off = kZeroPoints ? _mm256_mul_ps(z, _mm256_set1_ps(x[m][b].s8 * 0.125f)) : _mm256_set1_ps(x[m][b].s8);
       const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[m], ones));
-      acc[m] = _mm256_fmadd_ps(dw, _mm256_fmsub_ps(dot, _mm256_set1_ps(x[m][b].d), _mm256_set1_ps(x[m][b].s8)), acc[m]);
-    }
-  }
-  for (int m = 0; m < MB; ++m) out[m] = acc[m];
-}
-
-// Q4_Zx8: Q4_0x8 with each row's own zero point z in place of the offset 8.
-template <int MB>
-void group_q4_zx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
-  const int32_t nb = a.K / kQK;
-  const auto* w = reinterpret_cast<const BlockQ4_Zx8*>(a.w + g * kRows8 * a.wrow_bytes);
-  const ActQ8_32* x[MB];
-  for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_32*>(a.xq + (m0 + m) * a.xrow_bytes);
-  __m256 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-  for (int32_t b = 0; b < nb; ++b) {
-    const BlockQ4_Zx8& wb = w[b];
-    if (MB == 1) prefetch_lines(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ4_Zx8));
-    __m256i s[MB];
-    for (int m = 0; m < MB; ++m) s[m] = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {
-      const __m256i v = load32(wb.qs + 32 * c);
-      const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-      for (int m = 0; m < MB; ++m) {
-        s[m] = _mm256_add_epi16(s[m], _mm256_maddubs_epi16(lo, broadcast4(x[m][b].qs + 8 * c)));
-        s[m] = _mm256_add_epi16(s[m], _mm256_maddubs_epi16(hi, broadcast4(x[m][b].qs + 8 * c + 4)));
-      }
-    }
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
-    const __m256 z = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.z))));
-    for (int m = 0; m < MB; ++m) {
-      // d_w * (d_x * sum(q x) - z d_x sum(x)); s8 / 8 = d_x sum(x), exactly
-      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[m], ones));
-      const __m256 off = _mm256_mul_ps(z, _mm256_set1_ps(x[m][b].s8 * 0.125f));
       acc[m] = _mm256_fmadd_ps(dw, _mm256_fmsub_ps(dot, _mm256_set1_ps(x[m][b].d), off), acc[m]);
     }
   }
@@ -231,9 +203,9 @@ void group_q6_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
 template <int MB>
 void group_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
   switch (a.type) {
-    case QuantType::kQ4_0x8: return group_q4_0x8<MB>(a, m0, g, out);
+    case QuantType::kQ4_0x8: return group_nibbles_x8<BlockQ4_0x8, MB>(a, m0, g, out);
     case QuantType::kQ8_0x8: return group_q8_0x8<MB>(a, m0, g, out);
-    case QuantType::kQ4_Zx8: return group_q4_zx8<MB>(a, m0, g, out);
+    case QuantType::kQ4_Zx8: return group_nibbles_x8<BlockQ4_Zx8, MB>(a, m0, g, out);
     case QuantType::kQ4_Kx8: return group_q4_kx8<MB>(a, m0, g, out);
     default: return group_q6_kx8<MB>(a, m0, g, out);
   }
