@@ -301,16 +301,17 @@ def build(root: Path, version: str = DEFAULT_VERSION, jobs: int = 2, log: Log = 
 
 
 def gguf_files(lc: LlamaCpp, checkpoint: Path, name: str, outtypes: list[str], log: Log = print,
-               threads: int = 2) -> dict[str, Path]:
+               threads: int = 2, root: Path | None = None) -> dict[str, Path]:
     """{outtype: GGUF file} of the checkpoint, converted once per checkpoint content (its
-    digest) and llama.cpp version, and reused afterwards. ``outtypes``: the converter's
+    digest) and llama.cpp version, and reused afterwards (kept under ``root``, by default the
+    build's ``gguf`` folder). ``outtypes``: the converter's
     ``f32``/``bf16``, or a key of ``QUANTIZED_TYPES`` (``q8_0``, ``q4_0``, ``q4_k_m``): the f32
     file quantized by ``llama-quantize`` (with ``threads`` threads), made again whenever the
     f32 file is."""
     from bench.common import checkpoints  # noqa: PLC0415
 
     digest = checkpoints.checkpoint_digest(checkpoint)[:16]
-    folder = lc.gguf_root / f"{name}-{digest}"
+    folder = (root or lc.gguf_root) / f"{name}-{digest}"
     folder.mkdir(parents=True, exist_ok=True)
     info_path = folder / "conversions.json"
     info = _read_json(info_path) or {}

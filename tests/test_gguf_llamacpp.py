@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench import llamacpp_build  # noqa: E402
 
-TYPES = ("Q8_0", "Q4_0", "Q4_K_M")
-PLAN = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K_M": "q4_k_m"}  # pyengine's quantize-on-load of the same mixture
+# llama-quantize's type -> the GGUF file's name in llamacpp_build, also pyengine's quantization= of
+# the same mixture
+TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K_M": "q4_k_m"}
 GENERATED = 24
 F16_KV = KvCacheConfig(dtype="float16")  # llama.cpp's default cache (and pyengine's for quantized weights)
 
@@ -62,20 +63,12 @@ def checkpoint(checkpoint_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def gguf_files(llama_cpp, checkpoint, tmp_path_factory) -> dict[str, Path]:
-    """The checkpoint converted to f32 by llama.cpp's converter, then quantized by llama-quantize."""
+    """The checkpoint converted to f32 by llama.cpp's converter, then quantized by llama-quantize
+    (as bench/llamacpp.py makes its files, here into a temporary folder)."""
     lc, _ = llama_cpp
-    out = tmp_path_factory.mktemp("llamacpp_gguf")
-    f32 = out / "model-F32.gguf"
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "llamacpp_build.py"), "--convert", str(lc.tree), "--",
-                        str(checkpoint), "--outtype", "f32", "--outfile", str(f32)], capture_output=True, text=True)
-    assert r.returncode == 0 and f32.is_file(), r.stderr[-3000:]
-    files = {"F32": f32}
-    for t in TYPES:
-        files[t] = out / f"model-{t}.gguf"
-        r = subprocess.run([str(lc.tool("llama-quantize")), str(f32), str(files[t]), t, "2"],
-                           capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-3000:]
-    return files
+    files = llamacpp_build.gguf_files(lc, checkpoint, "tiny-llama", ["f32", *TYPES.values()], log=_quiet,
+                                      root=tmp_path_factory.mktemp("llamacpp_gguf"))
+    return {"F32": files["f32"], **{t: files[key] for t, key in TYPES.items()}}
 
 
 PROMPT_LENGTHS = (1, 5, 17, 40, 64, 9, 30, 3)
@@ -113,14 +106,14 @@ def test_float_file_gives_llama_cpps_tokens_exactly(llama_cpp, gguf_files):
     assert not parted, f"(prompt len, step) where pyengine parts from llama.cpp: {parted}"
 
 
-@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("qtype", list(TYPES))
 def test_greedy_tokens_equal_llama_cpps(llama_cpp, gguf_files, checkpoint, qtype):
     _, tool = llama_cpp
     runs = both_engines(tool, gguf_files[qtype])
     parted = [(p, ours, ref, at) for p, ours, ref in runs if (at := parting_step(ours, ref)) is not None]
     if not parted:
         return
-    report = Engine(checkpoint, quantization=PLAN[qtype], max_seq_len=128)._parts.quant_plan.report
+    report = Engine(checkpoint, quantization=TYPES[qtype], max_seq_len=128)._parts.quant_plan.report
     reference = quantized_hf_model(checkpoint, report)
     float_acts = quantized_hf_model(checkpoint, report, quantize_activations=False)
     beyond = []

@@ -117,7 +117,7 @@ def start_engine(**engine_args: Any) -> EngineParts:
                     exact_fp32=parts.config.exact_fp32)
         if parts.quant_plan is not None:
             logger.info("quantized at load to %s: %s", parts.config.quantization, parts.quant_plan.summary())
-        if parts.quant_plan is not None or parts.prequantized is not None or getattr(model, "quantized", False):
+        if parts.quant_plan is not None or model.quantized:  # (AWQ / GPTQ checkpoints are quantized models)
             del weights
             release_free_heap()  # the float copies converted one at a time, the blocks before interleaving
     with _phase(phases, "kv_capacity"):

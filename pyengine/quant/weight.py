@@ -95,8 +95,8 @@ class QuantizedWeight:
         return QuantizedWeight([(f, d[0] if len(d) == 1 else torch.cat(d)) for f, d in groups], k)
 
     def interleaved(self) -> "QuantizedWeight":
-        """The same weights with each row group whose format has an interleaved layout (Q4_0, Q4_K,
-        Q6_K) and whose rows are a multiple of 8 in that layout; the values, and the results of
+        """The same weights with each row group whose format has an interleaved layout (Q8_0, Q4_0,
+        Q4_Z, Q4_K, Q6_K) and whose rows are a multiple of 8 in that layout; the values, and the results of
         every operation but for the order of the fp32 sums, are the same. Returns `self` when no
         group changes (and for weights on a GPU, which reads llama.cpp's layouts)."""
         if self.device.type != "cpu":
@@ -239,16 +239,22 @@ class QuantizedWeight:
                 raise ValueError(f"out: expected a row-major [{m}, {self.n}] tensor, got {tuple(out.shape)}")
         if m == 0:
             return out
-        if bias is not None:
-            bias = bias.float().contiguous()
-            if tuple(bias.shape) != (self.n,):
-                raise ValueError(f"bias: expected shape ({self.n},), got {tuple(bias.shape)}")
+        bias = self._bias_like(bias, x)
         threads = torch.get_num_threads()
         for fmt, data, row, rows in self._row_groups():
             b = 0 if bias is None else bias[row:].data_ptr()
             _core._linear_quant(out[:, row:].data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), m,
                                 data.data_ptr(), fmt.type_id, rows, self.k, b, threads)
         return out
+
+    def _bias_like(self, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+        """`bias` as a contiguous [N] tensor of x's dtype on x's device; ValueError for another shape."""
+        if bias is None:
+            return None
+        bias = bias.to(device=x.device, dtype=x.dtype).contiguous()
+        if tuple(bias.shape) != (self.n,):
+            raise ValueError(f"bias: expected shape ({self.n},), got {tuple(bias.shape)}")
+        return bias
 
     def _linear_cuda(self, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
         codes = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -264,10 +270,7 @@ class QuantizedWeight:
             raise ValueError(f"out: expected a row-major [{m}, {self.n}] {x.dtype} tensor on {x.device}")
         if m == 0:
             return out
-        if bias is not None:
-            bias = bias.to(device=x.device, dtype=x.dtype).contiguous()
-            if tuple(bias.shape) != (self.n,):
-                raise ValueError(f"bias: expected shape ({self.n},), got {tuple(bias.shape)}")
+        bias = self._bias_like(bias, x)
         stream = torch.cuda.current_stream(x.device).cuda_stream
         for fmt, data, row, rows in self._row_groups():
             b = 0 if bias is None else bias[row:].data_ptr()

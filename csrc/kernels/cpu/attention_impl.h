@@ -262,13 +262,7 @@ static inline __m256i lanes_below(int32_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-#include "simd_x86.h"  // hsum8
-
-static inline float hmax8(__m256 v) {
-  const __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
-}
+#include "simd_x86.h"  // hsum8, hmax8
 
 // Horizontal sums of 8 vectors at once: v[j] = sum of the lanes of x[j] (x: 8 vectors, 8 apart).
 static inline __m256 hsum8x8(const float* x) {

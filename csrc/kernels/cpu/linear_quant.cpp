@@ -43,9 +43,8 @@ void quantize_activation_blocks(const float* x, int64_t ldx, int32_t M, int32_t 
   if (ldx < K) fail("ldx: must be >= K = " + std::to_string(K) + ", got " + std::to_string(ldx));
   if (M > 0 && (x == nullptr || out == nullptr)) fail("x/out: must not be null");
   (void)cpu_isa();
-  const int64_t xrow = block == cpu::kQK ? K / cpu::kQK * static_cast<int64_t>(sizeof(cpu::ActQ8_32))
-                                         : K / cpu::kQKK * static_cast<int64_t>(sizeof(cpu::ActQ8_256));
-  PYENGINE_ISA_CALL(quantize_activations, x, ldx, 0, M, K, block, static_cast<uint8_t*>(out), xrow);
+  PYENGINE_ISA_CALL(quantize_activations, x, ldx, 0, M, K, block, static_cast<uint8_t*>(out),
+                    cpu::act_row_bytes(block, K));
 }
 
 void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M, const void* weight,
@@ -68,8 +67,7 @@ void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M,
   // x -> 8-bit blocks once; reused across calls by the calling thread.
   static thread_local std::vector<uint8_t> xq;
   const int32_t act = cpu::act_block_elems(type);
-  const int64_t xrow = act == cpu::kQK ? K / cpu::kQK * static_cast<int64_t>(sizeof(cpu::ActQ8_32))
-                                       : K / cpu::kQKK * static_cast<int64_t>(sizeof(cpu::ActQ8_256));
+  const int64_t xrow = cpu::act_row_bytes(act, K);
   xq.resize(static_cast<size_t>(M * xrow));
   uint8_t* xqp = xq.data();
   if (M >= 16) {

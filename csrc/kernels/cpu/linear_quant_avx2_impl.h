@@ -293,16 +293,6 @@ void rows256(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
 // reciprocal and products, and vcvtps2dq rounds to nearest even as nearest_int does) ----
 
 inline __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
-inline float hmax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-inline int32_t hsum8_epi32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
-}
 
 // 32 values times `id`, rounded to int8 in order at out; the int32 sums of the first 16 and of
 // the last 16, 8 lanes each.
@@ -317,20 +307,22 @@ inline void quantize32(const float* v, __m256 id, int8_t* out, __m256i& sum_lo, 
                       _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-inline float amax(const float* v, int n) {
+// A block of n values' scale d = max|v| / 127 (returned) and its reciprocal (0 for d = 0).
+inline float block_scale(const float* v, int n, __m256& id) {
   __m256 m = _mm256_setzero_ps();
   for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, abs_ps(_mm256_loadu_ps(v + i)));
-  return hmax8(m);
+  const float d = hmax8(m) / 127.0f;
+  id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+  return d;
 }
 
 void act_row_32(const float* x, ActQ8_32* out, int32_t K) {
   for (int32_t b = 0; b < K / kQK; ++b) {
     const float* v = x + b * kQK;
-    const float d = amax(v, kQK) / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    out[b].d = d;
+    __m256 id;
+    const float d = out[b].d = block_scale(v, kQK, id);
     __m256i lo, hi;
-    quantize32(v, _mm256_set1_ps(id), out[b].qs, lo, hi);
+    quantize32(v, id, out[b].qs, lo, hi);
     out[b].s8 = static_cast<float>(8 * hsum8_epi32(_mm256_add_epi32(lo, hi))) * d;
   }
 }
@@ -338,12 +330,11 @@ void act_row_32(const float* x, ActQ8_32* out, int32_t K) {
 void act_row_256(const float* x, ActQ8_256* out, int32_t K) {
   for (int32_t b = 0; b < K / kQKK; ++b) {
     const float* v = x + b * kQKK;
-    const float d = amax(v, kQKK) / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    out[b].d = d;
+    __m256 id;
+    out[b].d = block_scale(v, kQKK, id);
     for (int g = 0; g < kQKK / 32; ++g) {
       __m256i lo, hi;
-      quantize32(v + 32 * g, _mm256_set1_ps(id), out[b].qs + 32 * g, lo, hi);
+      quantize32(v + 32 * g, id, out[b].qs + 32 * g, lo, hi);
       out[b].bsums[2 * g] = static_cast<int16_t>(hsum8_epi32(lo));
       out[b].bsums[2 * g + 1] = static_cast<int16_t>(hsum8_epi32(hi));
     }

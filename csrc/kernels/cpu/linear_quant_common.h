@@ -30,6 +30,12 @@ static inline int32_t act_block_elems(QuantType type) {
   return type == QuantType::kQ4_K || type == QuantType::kQ6_K ? kQKK : kQK;
 }
 
+// Bytes of one row of K activations in blocks of `block` (32 or 256) values.
+static inline int64_t act_row_bytes(int32_t block, int64_t K) {
+  return block == kQK ? K / kQK * static_cast<int64_t>(sizeof(ActQ8_32))
+                      : K / kQKK * static_cast<int64_t>(sizeof(ActQ8_256));
+}
+
 static inline void quant_linear_store(const QuantLinearArgs& a, int32_t m, int32_t n, float acc) {
   a.y[m * a.ldy + n] = a.bias != nullptr ? acc + a.bias[n] : acc;
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "quant_blocks.h"
 
@@ -65,42 +66,31 @@ void get_nibble_chunks(const uint8_t* qs, int r, int positions, uint8_t* L) {
     for (int t = 0; t < 4; ++t) L[8 * c + t] = qs[32 * c + 4 * r + t] & 0x0f, L[8 * c + 4 + t] = qs[32 * c + 4 * r + t] >> 4;
 }
 
-void to_x8(const BlockQ4_0* const* in, BlockQ4_0x8& out) {
+// Q4_0 and Q4_Z (whose zero points go along; its pad byte comes back 0)
+template <typename Plain, typename X8>
+void nibbles_to_x8(const Plain* const* in, X8& out) {
   uint8_t L[kQK];
   for (int r = 0; r < kRows8; ++r) {
     out.d[r] = in[r]->d;
+    if constexpr (std::is_same_v<Plain, BlockQ4_Z>) out.z[r] = in[r]->z;
     nibble_levels(*in[r], L);
     put_nibble_chunks(L, r, kQK, out.qs);
   }
 }
-void from_x8(const BlockQ4_0x8& in, BlockQ4_0* const* out, int r0, int r1) {
+template <typename Plain, typename X8>
+void nibbles_from_x8(const X8& in, Plain* const* out, int r0, int r1) {
   uint8_t L[kQK];
   for (int r = r0; r < r1; ++r) {
     out[r]->d = in.d[r];
+    if constexpr (std::is_same_v<Plain, BlockQ4_Z>) out[r]->z = in.z[r], out[r]->pad = 0;
     get_nibble_chunks(in.qs, r, kQK, L);
     set_nibble_levels(*out[r], L);
   }
 }
-
-void to_x8(const BlockQ4_Z* const* in, BlockQ4_Zx8& out) {
-  uint8_t L[kQK];
-  for (int r = 0; r < kRows8; ++r) {
-    out.d[r] = in[r]->d;
-    out.z[r] = in[r]->z;
-    nibble_levels(*in[r], L);
-    put_nibble_chunks(L, r, kQK, out.qs);
-  }
-}
-void from_x8(const BlockQ4_Zx8& in, BlockQ4_Z* const* out, int r0, int r1) {
-  uint8_t L[kQK];
-  for (int r = r0; r < r1; ++r) {
-    out[r]->d = in.d[r];
-    out[r]->z = in.z[r];
-    out[r]->pad = 0;
-    get_nibble_chunks(in.qs, r, kQK, L);
-    set_nibble_levels(*out[r], L);
-  }
-}
+void to_x8(const BlockQ4_0* const* in, BlockQ4_0x8& out) { nibbles_to_x8(in, out); }
+void from_x8(const BlockQ4_0x8& in, BlockQ4_0* const* out, int r0, int r1) { nibbles_from_x8(in, out, r0, r1); }
+void to_x8(const BlockQ4_Z* const* in, BlockQ4_Zx8& out) { nibbles_to_x8(in, out); }
+void from_x8(const BlockQ4_Zx8& in, BlockQ4_Z* const* out, int r0, int r1) { nibbles_from_x8(in, out, r0, r1); }
 
 // Q8_0x8: byte 4r + t of chunk c holds position 4c + t
 void to_x8(const BlockQ8_0* const* in, BlockQ8_0x8& out) {

@@ -385,11 +385,13 @@ void dequantize_row(QuantType type, const uint8_t* src, float* dst, int64_t nb) 
   }
 }
 
-// Rows [r0, r0 + count) of one interleaved group (at `group`) into count x K floats.
-void dequantize_group(QuantType interleaved, const uint8_t* group, int r0, int count, float* dst, int64_t K) {
+// Rows [r0, r0 + count) of one interleaved group (at `group`) into count x K floats, through
+// `rows` (scratch, resized to the group's 8 plain rows).
+void dequantize_group(QuantType interleaved, const uint8_t* group, int r0, int count, float* dst, int64_t K,
+                      std::vector<uint8_t>& rows) {
   const QuantType plain = plain_type(interleaved);
   const int64_t row_bytes = quant_row_bytes(plain, K);
-  std::vector<uint8_t> rows(static_cast<size_t>(kRows8 * row_bytes));
+  rows.resize(static_cast<size_t>(kRows8 * row_bytes));
   deinterleave_group(interleaved, group, rows.data(), row_bytes, K, r0, r0 + count);
   for (int r = 0; r < count; ++r)
     dequantize_row(plain, rows.data() + (r0 + r) * row_bytes, dst + r * K, K / quant_format(plain).block_elems);
@@ -457,9 +459,10 @@ void dequantize_rows(QuantType type, const void* src, float* dst, int64_t rows, 
   const int64_t nb = K / quant_format(type).block_elems;
   if (plain_type(type) != type) {
     if (rows % kRows8 != 0) fail("rows: must be a multiple of 8 in an interleaved layout, got " + std::to_string(rows));
+    std::vector<uint8_t> scratch;
     for (int64_t g = 0; g < rows / kRows8; ++g)
       dequantize_group(type, static_cast<const uint8_t*>(src) + g * kRows8 * row_bytes, 0, kRows8,
-                       dst + g * kRows8 * K, K);
+                       dst + g * kRows8 * K, K, scratch);
     return;
   }
   for (int64_t r = 0; r < rows; ++r)
@@ -480,9 +483,10 @@ void dequantize_gather(QuantType type, const void* src, int64_t num_rows, int64_
   if (plain_type(type) != type) {
     if (num_rows % kRows8 != 0)
       fail("num_rows: must be a multiple of 8 in an interleaved layout, got " + std::to_string(num_rows));
+    std::vector<uint8_t> scratch;
     for (int64_t i = 0; i < count; ++i)
       dequantize_group(type, static_cast<const uint8_t*>(src) + ids[i] / kRows8 * kRows8 * row_bytes,
-                       static_cast<int>(ids[i] % kRows8), 1, dst + i * K, K);
+                       static_cast<int>(ids[i] % kRows8), 1, dst + i * K, K, scratch);
     return;
   }
   for (int64_t i = 0; i < count; ++i)
