@@ -81,6 +81,8 @@ def both_engines(tool: Path, path: Path) -> list[tuple[list[int], list[int], lis
     prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in PROMPT_LENGTHS]
     results = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=GENERATED, ignore_eos=True),
                               use_tqdm=False)
+    stats = engine.stats()  # every slot and KV block back in its pool
+    assert stats["num_free_blocks"] == stats["num_blocks"] and stats["num_free_slots"] == stats["num_slots"]
     out = []
     for p, r in zip(prompts, results):
         ref = llama_cpp_greedy(tool, path, p, GENERATED)

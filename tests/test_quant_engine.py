@@ -83,6 +83,8 @@ def test_quantized_models_keep_a_float16_cache_by_default(llama_q_dir):
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     out = [r.token_ids for r in engine.generate(ps, params, use_tqdm=False)]
     assert all(len(t) == 16 for t in out)
+    stats = engine.stats()  # every slot and KV block back in its pool
+    assert stats["num_free_blocks"] == stats["num_blocks"] and stats["num_free_slots"] == stats["num_slots"]
     fp32 = Engine(llama_q_dir, quantization="q4_0", max_seq_len=128, kv_cache_config=FP32_KV)
     assert fp32.kv_dtype == torch.float32
     float_model = Engine(llama_q_dir, dtype="float32", max_seq_len=128)
