@@ -275,3 +275,38 @@ def test_prompt_logprobs_across_chunks(llama_dir):
     want = [float(ref[p - 1, PROMPTS[2][p]]) for p in range(1, 60)]
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
     assert all(len(d) == 1 for d in out.prompt_logprobs[1:])
+
+
+def test_counter_uniform_reaches_one_at_its_top():
+    """The largest counter output rounds up to exactly 1.0 in float64: the rounding case below
+    is reachable from real draws, not only from hand-made numbers."""
+    top = (float((1 << 53) - 1) + 0.5) / float(1 << 53)
+    assert top == 1.0
+
+
+@pytest.mark.parametrize("vocab", [300, 512])  # 300: the last group is padding; 512: no padding
+def test_inverse_cdf_never_returns_a_token_of_zero_probability(vocab):
+    """u = 1.0 puts the target at the last cumulative sum; searchsorted then lands past every
+    token of probability > 0 (on the padding, or on filtered tokens at the end of the
+    vocabulary). The sampler must step back to the last token it may draw."""
+    logits = torch.full((3, vocab), float("-inf"))
+    logits[0, :5] = 0.0                       # allowed: 0..4, the rest filtered
+    logits[1, [7, 100, 250]] = torch.tensor([1.0, 2.0, 0.5])
+    logits[2, 0] = 0.0                        # a single allowed token
+    u = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64)
+    tokens = sample_inverse_cdf(logits, u)
+    assert tokens.tolist() == [4, 250, 0]
+    probs = logits.softmax(-1)
+    assert bool((probs.gather(1, tokens[:, None]) > 0).all())
+
+
+def test_inverse_cdf_steps_back_inside_a_group():
+    """The group's float64 total and its inner cumulative sum can differ in the last bit; a
+    target between them lands on the group's trailing filtered tokens. Forced here by a target
+    just under the group total with the allowed tokens at the group's start."""
+    logits = torch.full((1, 256), float("-inf"))
+    logits[0, :3] = torch.tensor([0.1, 0.2, 0.3])
+    u = torch.tensor([1.0], dtype=torch.float64)
+    assert sample_inverse_cdf(logits, u).tolist() == [2]
+    # an ordinary draw is unchanged by the step-back
+    assert sample_inverse_cdf(logits, torch.tensor([0.0], dtype=torch.float64)).tolist() == [0]

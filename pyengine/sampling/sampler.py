@@ -40,7 +40,8 @@ def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """A uniform float64 in (0, 1) for each (seed, counter) pair: splitmix64 of a mix of both."""
+    """A uniform float64 in (0, 1] for each (seed, counter) pair: splitmix64 of a mix of both (the
+    top value, (2**53 - 0.5) / 2**53, rounds to 1.0)."""
     x = seeds * _GOLDEN + (counters + 1) * _MIX2  # wraps modulo 2**64
     for _ in range(2):
         x = x ^ _shr(x, 30)
@@ -134,9 +135,26 @@ def sample_inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor, group: int =
     before = torch.where(g > 0, group_cdf.gather(1, (g - 1).clamp(min=0)), torch.zeros_like(target[:, None]))
     inner_cdf = groups.gather(1, g[:, :, None].expand(n, 1, group)).squeeze(1).to(torch.float64).cumsum(dim=-1)
     t = torch.searchsorted(inner_cdf, target[:, None] - before, right=True).clamp_(max=group - 1)
-    # a token of zero probability is never chosen: step back over padding/filtered ones
     token = (g * group + t).squeeze(1)
-    token = token.clamp_(max=vocab - 1)
+    return _skip_zero_probability(token, probs, vocab)
+
+
+def _skip_zero_probability(token: torch.Tensor, probs: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A token of zero probability is never returned. Rounding can land on one: u * total at or
+    past the last cumulative sum (u rounds up to 1.0 once in 2**53 draws) ends in the last
+    group, and the two levels' float64 sums may differ in their last bit. Such a row takes the
+    nearest earlier token of probability > 0 (the first later one if there is none)."""
+    zero = probs.gather(1, token[:, None]).squeeze(1) <= 0
+    if not bool(zero.any()):
+        return token
+    rows = probs[zero] > 0
+    idx = torch.arange(rows.shape[1], device=token.device)
+    at = token[zero][:, None]
+    earlier = torch.where(rows & (idx <= at), idx, -1).amax(dim=1)
+    later = torch.where(rows, idx, rows.shape[1]).amin(dim=1)
+    token = token.clone()
+    # clamp: a row whose probabilities are all zero or NaN keeps an in-vocabulary token
+    token[zero] = torch.where(earlier >= 0, earlier, later).clamp_(max=vocab - 1)
     return token
 
 
