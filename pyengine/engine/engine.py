@@ -8,15 +8,17 @@ import logging
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from pyengine.config import KvCacheConfig, SchedulerConfig
+from pyengine.engine.one_thread import OneThreadGuard, one_thread
 from pyengine.engine.outputs import RequestOutput
 from pyengine.engine.requests import Prompt, RequestId, RequestTable
 from pyengine.engine.startup import StartupError, start_engine
 from pyengine.engine.step_loop import StepLoop
+from pyengine.engine.stream import RequestStream
 from pyengine.layers.cpu_features import cpu_info
 from pyengine.sampling import SamplingParams
 
@@ -61,7 +63,9 @@ class Engine:
     `pyengine.cpu_info()`); the PYENGINE_CPU_ISA environment variable ("generic", "avx2",
     "avx512", "neon") forces a lower one.
 
-    One thread drives an engine: its methods are not to be called concurrently.
+    One thread drives an engine: a call from a second thread while another thread is inside
+    the engine (a step, a stream() iterator's step, add_request, ...) raises RuntimeError.
+    Calls from the same thread during a call (a logits processor aborting a request) are fine.
     """
 
     def __init__(self, model: str | Path, dtype: str | torch.dtype = "float32",
@@ -72,6 +76,7 @@ class Engine:
                  cuda_graph_batch_sizes: Sequence[int] | None = None, exact_fp32: bool = False,
                  quantization: str | None = None, quantize_lm_head: bool = True) -> None:
         self._closed = True
+        self._guard = OneThreadGuard()
         parts = start_engine(model=model, dtype=dtype, kv_cache_config=kv_cache_config,
                              scheduler_config=scheduler_config, max_seq_len=max_seq_len, seed=seed,
                              overlap=overlap, device=device, cuda_graphs=cuda_graphs,
@@ -96,6 +101,7 @@ class Engine:
 
     # ---- requests ---------------------------------------------------------------------------
 
+    @one_thread
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
                     request_id: RequestId | None = None, priority: float = 0.5,
                     cache_salt: str | bytes | None = None) -> RequestId:
@@ -119,6 +125,7 @@ class Engine:
         self._requests.add(new, self._sampler.new_seed, now)
         return new.request_id
 
+    @one_thread
     def abort_request(self, request_id: RequestId) -> bool:
         """Cancels a waiting or running request: the next step() frees its sequence slot and
         blocks and returns its final output with finish_reason "abort" (its sampler state is
@@ -135,12 +142,14 @@ class Engine:
             return False
         raise ValueError(f"unknown request_id {request_id!r}")
 
+    @one_thread
     def has_unfinished_requests(self) -> bool:
         """True while some request has not delivered its final output."""
         return self._bm.has_unfinished() or self._loop.has_work()
 
     # ---- the step -------------------------------------------------------------------------
 
+    @one_thread
     def step(self) -> list[RequestOutput]:
         """Runs one step (schedule, forward, sample, update, respond, free); returns the
         outputs of the requests that advanced or ended in it.
@@ -171,32 +180,24 @@ class Engine:
         update: stop checks, outputs, frees), and the number of steps that ran a forward."""
         return self._loop.timings()
 
+    @one_thread
     def reset_timings(self) -> None:
         self._loop.reset_timings()
 
     # ---- convenience -------------------------------------------------------------------------
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None,
-               request_id: RequestId | None = None) -> Iterator[RequestOutput]:
-        """Adds a request and yields its outputs step by step (other requests advance in the
-        same steps). Several streams may be consumed interleaved. Closing the generator early
-        aborts the request."""
+               request_id: RequestId | None = None) -> RequestStream:
+        """Adds a request (now: bad input raises here) and returns an iterator of its outputs,
+        step by step (each next() steps the engine until the request has an output; other
+        requests advance in the same steps). Several streams may be consumed interleaved.
+        Closing the iterator early (or dropping it) aborts the request."""
         rid = self.add_request(prompt, params, request_id)
         queue: deque[RequestOutput] = deque()
         self._streams[rid] = queue
-        finished = False
-        try:
-            while not finished:
-                while not queue:
-                    self.step()
-                out = queue.popleft()
-                finished = out.finished
-                yield out
-        finally:
-            self._streams.pop(rid, None)
-            if not finished and not self._closed and self._requests.core_id(rid) is not None:
-                self.abort_request(rid)
+        return RequestStream(self, rid, queue)
 
+    @one_thread
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -241,6 +242,7 @@ class Engine:
 
     # ---- state and resources -----------------------------------------------------------------
 
+    @one_thread
     def stats(self) -> dict[str, int]:
         """Requests, KV blocks, sequence slots (num_slots, num_free_slots) and prefix-reuse
         totals now. Print it with pprint for one line a figure."""
@@ -265,6 +267,7 @@ class Engine:
                 "cpu_kernels": {"isa": info.isa, "reason": info.reason, "supported": list(info.supported)},
                 "cpu_one_call_decode_max_rows": 0 if one_call is None else one_call.max_rows}
 
+    @one_thread
     def check_resources(self) -> None:
         """Checks the pools' invariants and, when no request is left, that every block and
         sequence slot is back. Raises RuntimeError describing what leaked."""
@@ -280,6 +283,7 @@ class Engine:
         if self._closed:
             raise RuntimeError("the engine has been shut down")
 
+    @one_thread
     def shutdown(self) -> None:
         """Releases the KV pool and the model. The engine cannot be used afterwards."""
         if self._closed:
