@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <deque>
+#include <iterator>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 
@@ -65,6 +67,12 @@ struct BatchManager::Impl {
   void snapshot(Request* r);
   void begin_transaction();
   void commit_transaction();
+  // Test hook (inject_fault): the armed point throws once when reached.
+  static constexpr const char* kFaultPoints[] = {"schedule.aborted", "schedule.capacity", "schedule.paused",
+                                                 "schedule.admitted", "schedule.prepared", "schedule.filled"};
+  std::string armed_fault_;
+  void fault_point(const char* point);
+  void inject_fault(const std::string& point);
   bool in_transaction_ = false;
   std::vector<RequestSnapshot> snapshots_;
   std::vector<Request*> saved_active_;
@@ -233,15 +241,33 @@ void BatchManager::Impl::snapshot(Request* r) {
 
 void BatchManager::Impl::begin_transaction() {
   commit_transaction();
-  in_transaction_ = true;
-  kv_.begin();
-  slots_.begin();
+  // The copies that may throw (bad_alloc) come first: if one does, nothing is journaled and
+  // nothing has changed.
+  snapshots_.clear();
   saved_active_ = active_;
   saved_waiting_ = waiting_.requests();
+  for (Request* r : active_) snapshot(r);
   saved_start_counter_ = start_counter_;
   saved_reused_tokens_ = kv_resource_->total_reused_tokens();
   saved_reuse_hits_ = kv_resource_->num_reuse_hits();
-  for (Request* r : active_) snapshot(r);
+  kv_.begin();
+  slots_.begin();
+  in_transaction_ = true;
+}
+
+void BatchManager::Impl::fault_point(const char* point) {
+  if (armed_fault_.empty() || armed_fault_ != point) return;
+  armed_fault_.clear();
+  throw std::runtime_error(std::string("injected fault at ") + point);
+}
+
+void BatchManager::Impl::inject_fault(const std::string& point) {
+  if (!point.empty() && std::find(std::begin(kFaultPoints), std::end(kFaultPoints), point) == std::end(kFaultPoints)) {
+    std::string known;
+    for (const char* p : kFaultPoints) known += (known.empty() ? "" : ", ") + std::string(p);
+    throw std::invalid_argument("inject_fault: unknown point '" + point + "' (known: " + known + ")");
+  }
+  armed_fault_ = point;
 }
 
 void BatchManager::Impl::commit_transaction() {
@@ -272,6 +298,8 @@ bool BatchManager::Impl::rollback() {
     r->planned_reuse_blocks = 0;
   }
   snapshots_.clear();
+  events_.assigned.clear();  // nobody holds what the undone schedule assigned
+  events_.assigned_slots.clear();
   active_ = saved_active_;
   // The queue as the schedule found it (its pauses included), less what ended since: a
   // request the schedule paused that the caller then ended (finish_request).
@@ -296,8 +324,10 @@ const ForwardMetadata& BatchManager::Impl::schedule(double now) {
   commit_transaction();
   clear_events(events_);
   drop_aborted();  // aborts are committed: they never come back
+  fault_point("schedule.aborted");
 
   CapacitySchedule cap = capacity_.schedule(active_, waiting_.requests(), kv_);
+  fault_point("schedule.capacity");
   // Pause: free first, then requeue at the front (earliest started ends up first). Pauses
   // are committed too, before the transaction: this step's forward may write into the
   // blocks they free, so a rollback must not hand those blocks back to them.
@@ -309,23 +339,35 @@ const ForwardMetadata& BatchManager::Impl::schedule(double now) {
     r->reset_for_recompute();
   }
   for (Request* r : cap.paused) waiting_.push_front(r);
+  fault_point("schedule.paused");
+  // Strong guarantee from here: whatever throws, the transaction is rolled back (the aborts
+  // and pauses above stand, as after a rollback by the caller) before the exception leaves.
   begin_transaction();
-  for (Request* r : cap.admitted) snapshot(r);
-  for (Request* r : cap.admitted) {
-    waiting_.erase(r);
-    r->state = RequestState::kContextInProgress;
-    r->start_order = start_counter_++;
-    active_.push_back(r);
-  }
+  try {
+    snapshots_.reserve(snapshots_.size() + cap.admitted.size());
+    for (Request* r : cap.admitted) snapshot(r);
+    for (Request* r : cap.admitted) {
+      waiting_.erase(r);
+      r->state = RequestState::kContextInProgress;
+      r->start_order = start_counter_++;
+      active_.push_back(r);
+    }
+    fault_point("schedule.admitted");
 
-  batch_ = micro_batch_.schedule(active_, kv_);
-  for (Request* r : batch_)
-    if (r->seq_slot < 0) events_.assigned.push_back(r->id);
-  resources_.prepare(batch_);
-  for (RequestId id : events_.assigned) events_.assigned_slots.push_back(requests_.at(id)->seq_slot);
-  for (Request* r : batch_)
-    if (r->first_scheduled_time < 0) r->first_scheduled_time = now;
-  fill_metadata(batch_);
+    batch_ = micro_batch_.schedule(active_, kv_);
+    for (Request* r : batch_)
+      if (r->seq_slot < 0) events_.assigned.push_back(r->id);
+    resources_.prepare(batch_);
+    fault_point("schedule.prepared");
+    for (RequestId id : events_.assigned) events_.assigned_slots.push_back(requests_.at(id)->seq_slot);
+    for (Request* r : batch_)
+      if (r->first_scheduled_time < 0) r->first_scheduled_time = now;
+    fill_metadata(batch_);
+    fault_point("schedule.filled");
+  } catch (...) {
+    rollback();
+    throw;
+  }
   return meta_;
 }
 
@@ -469,6 +511,7 @@ bool BatchManager::finish_request(RequestId id, FinishReason reason, double now)
 }
 void BatchManager::free_finished() { impl_->free_finished(); }
 bool BatchManager::rollback() { return impl_->rollback(); }
+void BatchManager::inject_fault(const std::string& point) { impl_->inject_fault(point); }
 
 bool BatchManager::has_unfinished() const { return !impl_->requests_.empty(); }
 int32_t BatchManager::num_requests() const { return static_cast<int32_t>(impl_->requests_.size()); }

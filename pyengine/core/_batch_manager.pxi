@@ -6,6 +6,7 @@
 from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libcpp cimport bool as cbool
+from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 
@@ -102,6 +103,7 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         void update(const int32_t*, int32_t, double) except +
         void free_finished() except +
         cbool rollback()
+        void inject_fault(const string&) except +
         cbool finish_request(int64_t, FinishReason, double)
         cbool has_unfinished()
         int32_t num_requests()
@@ -272,6 +274,11 @@ cdef class CoreBatchManager:
     def rollback(self) -> bool:
         """Undoes the last schedule() after a failed forward/sampling."""
         return self.bm.rollback()
+
+    def _inject_fault(self, str point) -> None:
+        """Test hook: the next schedule() throws once at `point` (see BatchManager::inject_fault
+        in pyengine/batch_manager.h); "" disarms."""
+        self.bm.inject_fault(point.encode())
 
     def free_finished(self):
         self.bm.free_finished()

@@ -9,21 +9,29 @@ builds step n-1's outputs (detokenization, stop strings) while the forward runs;
 arrives one call later, identical to the plain loop's. Where the loop waits for the worker:
 `future.result()` in `_step_overlap`.
 
-Atomic: if scheduling the sampler rows, the forward, the sampler or a user's logits processor
-raises, `_undo_schedule` rolls the batch manager back (`BatchManager::rollback`) and releases
-the sampler rows, so the engine is as it was before the step -- except that the requests the
-step paused stay paused (the failed forward may have written into the blocks their pause freed)
-and are recomputed later, outputs unchanged; outputs already built (the previous step's, with
-overlap, and the aborts the schedule dropped) come with the next step that succeeds.
+Atomic: if the schedule (BatchManager::schedule undoes its own failures), the sampler rows,
+the forward, the sampler or a user's logits processor raises, `_undo_schedule` rolls the batch
+manager back (`BatchManager::rollback`) and releases the sampler rows -- with overlap, after the
+worker has finished with the metadata buffers -- so the engine is as it was before the step,
+except that the requests the step paused stay paused (the failed forward may have written into
+the blocks their pause freed) and are recomputed later, outputs unchanged; outputs already
+built or owed (the previous step's, with overlap, and the aborts the schedule dropped) come
+with the next step that succeeds.
+
+Ctrl-C: a step holds SIGINT back (`InterruptGate`) and lets it through only while the forward
+and the sampler run -- there a KeyboardInterrupt is a failure like any other and is undone --
+so it never lands half-way through the bookkeeping. One that arrives during the bookkeeping is
+raised when the step has completed; that step's outputs come with the next step.
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from pyengine.core import CoreBatchManager, FinishReason
+from pyengine.engine.interrupts import InterruptGate
 from pyengine.engine.outputs import RequestOutput, RequestRecord, metrics_from_core
 from pyengine.engine.requests import RequestTable
 from pyengine.runtime.model_runner import Forwarded, ModelRunner
@@ -61,6 +69,7 @@ class StepLoop:
         # overlap: one worker thread runs the forward while the caller's thread builds outputs
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyengine-forward") if overlap else None
         self._inflight: tuple[Batch, Forwarded, SampleResult] | None = None  # sampled, not yet updated
+        self._unresponded: list[UpdateItem] | None = None  # updated (overlap), outputs not yet built
         self._pending_outputs: list[RequestOutput] = []  # owed by a step that failed
         self.reset_timings()
 
@@ -70,7 +79,7 @@ class StepLoop:
 
     def has_work(self) -> bool:
         """Outputs are still owed: a step in flight, or outputs held back by a failed step."""
-        return self._inflight is not None or bool(self._pending_outputs)
+        return self._inflight is not None or self._unresponded is not None or bool(self._pending_outputs)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -83,53 +92,63 @@ class StepLoop:
     def step(self) -> list[RequestOutput]:
         # on a GPU, everything a step does on the device (sampler state, sampling, token copies)
         # goes on the execution stream, ordered after the forward
-        with self.runner.stream_context():
-            return self._step_overlap() if self._pool is not None else self._step_plain()
+        gate = InterruptGate()  # Ctrl-C lands only in the forward/sampler windows, or after the step
+        with self.runner.stream_context(), gate:
+            outputs = self._step_overlap(gate) if self._pool is not None else self._step_plain(gate)
+        if gate.held:  # it arrived during the step's bookkeeping: the step is complete
+            self._pending_outputs = outputs + self._pending_outputs  # the next step delivers them
+            gate.deliver()
+            outputs, self._pending_outputs = self._pending_outputs, []  # the handler did not raise
+        return outputs
 
-    def _step_plain(self) -> list[RequestOutput]:
+    def _step_plain(self, gate: InterruptGate) -> list[RequestOutput]:
         t0 = time.perf_counter()
         batch = self._schedule()
         t1 = time.perf_counter()
         try:
-            forwarded = self._forward(batch) if batch.num_seqs else None
-            t2 = time.perf_counter()
-            result = self._sample(batch, forwarded) if batch.num_seqs else None
+            with gate.window():
+                forwarded = self._forward(batch) if batch.num_seqs else None
+                t2 = time.perf_counter()
+                result = self._sample(batch, forwarded) if batch.num_seqs else None
         except BaseException:
             self._undo_schedule(batch)
-            self._pending_outputs.extend(self._abort_outputs(batch))
+            self._pending_outputs.extend(self._abort_outputs(batch.events))
             raise
         t3 = time.perf_counter()
         outputs, self._pending_outputs = self._pending_outputs, []
-        outputs += self._abort_outputs(batch)
+        outputs += self._abort_outputs(batch.events)
         if result is not None:
             outputs += self._respond(self._update(batch, forwarded, result))
             self.bm.free_finished()
             self._account(t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
         return outputs
 
-    def _step_overlap(self) -> list[RequestOutput]:
+    def _step_overlap(self, gate: InterruptGate) -> list[RequestOutput]:
         t0 = time.perf_counter()
-        items = None
         if self._inflight is not None:  # step n-1: sampled last call; its C++ update is cheap
-            prev, self._inflight = self._inflight, None
-            items = self._update(*prev)
+            self._unresponded = self._update(*self._inflight)
+            self._inflight = None
         # What ended by a stop condition has left every batch: what the update ended, and what a
         # stop string ended during a step that then failed (nothing updates that one)
         self.bm.free_finished()
-        batch = self._schedule()
+        batch = self._schedule()  # if it fails, step n-1's outputs are kept for the next step
         t1 = time.perf_counter()
         future = self._pool.submit(self._forward, batch) if batch.num_seqs else None
         # While the forward runs: step n-1's outputs (detokenization, stop strings).
         outputs, self._pending_outputs = self._pending_outputs, []
+        items, self._unresponded = self._unresponded, None
         if items is not None:
             outputs += self._respond(items)
-        outputs += self._abort_outputs(batch)
+        outputs += self._abort_outputs(batch.events)
         t2 = time.perf_counter()
         try:
-            forwarded = future.result() if future is not None else None  # the loop waits here
-            t3 = time.perf_counter()
-            result = self._sample(batch, forwarded) if future is not None else None
+            with gate.window():
+                forwarded = future.result() if future is not None else None  # the loop waits here
+                t3 = time.perf_counter()
+                result = self._sample(batch, forwarded) if future is not None else None
         except BaseException:
+            if future is not None:  # interrupted while waiting: the worker may still be in the
+                wait([future])      # forward, reading the metadata buffers the undo rewrites
             self._undo_schedule(batch)
             # `outputs` holds step n-1's and the aborts' outputs: the next step that succeeds delivers them
             self._pending_outputs = outputs + self._pending_outputs
@@ -142,17 +161,30 @@ class StepLoop:
     # ---- schedule and its undo ------------------------------------------------------------------
 
     def _schedule(self) -> Batch:
-        """The batch manager's schedule, the aborts it dropped, the sampler rows of the requests it gave a slot."""
+        """The batch manager's schedule, the aborts it dropped, the sampler rows of the requests
+        it gave a slot. If anything fails, the schedule is undone (BatchManager::schedule undoes
+        its own failure), the rows of what it paused or aborted are released, and the outputs
+        owed -- an updated step's (overlap), then the aborts' -- wait for the next step."""
         bm = self.bm
-        num_tokens, num_seqs, num_logits = bm.schedule(time.monotonic())
-        batch = Batch(num_tokens, num_seqs, num_logits, bm.events())
+        events = None
         try:
-            self._assign_sampler_rows(batch.events)
+            num_tokens, num_seqs, num_logits = bm.schedule(time.monotonic())
+            events = bm.events()
+            batch = Batch(num_tokens, num_seqs, num_logits, events)
+            self._assign_sampler_rows(events)
             if num_seqs and self.table.num_owed_prompt_logprobs:
                 batch.prompt_rows = self._prompt_logprob_rows(num_seqs)
         except BaseException:
-            self._undo_schedule(batch)
-            self._pending_outputs.extend(self._abort_outputs(batch))
+            if events is None:
+                bm.rollback()  # (a no-op when schedule() itself failed: it undid itself)
+                events = bm.events()
+            else:
+                self._undo_schedule(Batch(0, 0, 0, events))
+            self._release_dropped_rows(events)
+            if self._unresponded is not None:
+                items, self._unresponded = self._unresponded, None
+                self._pending_outputs.extend(self._respond(items))
+            self._pending_outputs.extend(self._abort_outputs(events))
             raise
         return batch
 
@@ -168,12 +200,15 @@ class StepLoop:
     def _assign_sampler_rows(self, events: dict) -> None:
         """Releases the rows of paused/aborted requests, then sets up those of requests that got a slot (a
         row is rewritten whole when assigned, so no stale state is ever read)."""
-        sampler = self.sampler
-        for slot in events["paused_slots"] + events["aborted_slots"]:
-            if slot >= 0:
-                sampler.release_slot(slot)
+        self._release_dropped_rows(events)
         for core_id, slot in zip(events["assigned"], events["assigned_slots"]):
             self._init_sampler_row(self.table.records[core_id], slot)
+
+    def _release_dropped_rows(self, events: dict) -> None:
+        """The rows of the requests a schedule paused or aborted (idempotent)."""
+        for slot in events["paused_slots"] + events["aborted_slots"]:
+            if slot >= 0:
+                self.sampler.release_slot(slot)
 
     def _release_sampler_rows(self, events: dict) -> None:
         """Undoes _assign_sampler_rows for a step that failed: the newly assigned rows go. (The
@@ -262,11 +297,11 @@ class StepLoop:
             outputs.append(rec.output([token], new_text, True, "stop" if stopped else FINISH_REASONS[reason]))
         return outputs
 
-    def _abort_outputs(self, batch: Batch) -> list[RequestOutput]:
+    def _abort_outputs(self, events: dict) -> list[RequestOutput]:
         """Final outputs of the requests the schedule dropped (after any output of theirs from
         the step before, with overlap; none for one that step's stop string already ended)."""
         outputs = []
-        for core_id in batch.events["aborted"]:
+        for core_id in events["aborted"]:
             if core_id not in self.table:
                 continue
             rec = self.table.remove(core_id)

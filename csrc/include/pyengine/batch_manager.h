@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "pyengine/types.h"
@@ -130,7 +131,10 @@ class BatchManager {
   // Runs the scheduling half of a step; returns the filled metadata (the same object as
   // metadata()). Throws std::logic_error (changing nothing) if a finished request has not been
   // retired by free_finished() (e.g. one ended by finish_request() while the batch holding it
-  // was rolled back), and otherwise only on a broken internal invariant.
+  // was rolled back), and otherwise only on a broken internal invariant or a failed
+  // allocation. Strong guarantee: if it throws, the step is undone as by rollback() -- the
+  // aborts it dropped and the pauses it decided stand, and events() lists them (nothing in
+  // `assigned`) -- so the caller releases what they held and reports the aborts.
   const ForwardMetadata& schedule(double now);
   // `tokens`: one per logits row of the last schedule(). Throws std::invalid_argument if
   // `num_tokens` differs from the batch's logits rows. The token of a request the caller
@@ -153,6 +157,13 @@ class BatchManager {
   // states, no other sequence slot or block changed hands. Valid between schedule() and
   // update(); returns false (doing nothing) otherwise.
   bool rollback();
+  // Test hook: the next time schedule() reaches `point`, it throws std::runtime_error
+  // ("injected fault at <point>"), once. Points, in order: "schedule.aborted" (after dropping
+  // the aborted requests), "schedule.capacity" (after the capacity decision), "schedule.paused"
+  // (after the pauses), "schedule.admitted", "schedule.prepared" (slots and blocks taken),
+  // "schedule.filled" (metadata written). "" disarms. Throws std::invalid_argument for an
+  // unknown point.
+  void inject_fault(const std::string& point);
 
   // Returns true while any request is queued, running or finished but not yet retired.
   bool has_unfinished() const;

@@ -1,0 +1,222 @@
+"""Every path through step() either completes or leaves the engine as before the step, plain
+and overlap, for an exception or a Ctrl-C at any phase: the batch manager's schedule (faults
+injected inside BatchManager::schedule), the sampler rows, the forward (the worker thread's,
+with overlap), the sampler, the update and the outputs. Continuing always gives the outputs of
+a run without the fault."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from test_atomic_step import PROMPTS, Injected, params, snapshot
+
+from pyengine import Engine, KvCacheConfig, SchedulerConfig
+
+SCHEDULE_POINTS = ["schedule.aborted", "schedule.capacity", "schedule.paused", "schedule.admitted",
+                   "schedule.prepared", "schedule.filled"]
+
+
+def make_engine(model_dir, overlap: bool) -> Engine:
+    return Engine(model_dir, max_seq_len=104, seed=0, overlap=overlap,
+                  kv_cache_config=KvCacheConfig(tokens_per_block=8, max_tokens=160),
+                  scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=24,
+                                                   capacity_scheduler_policy="max_utilization"))
+
+
+def interrupt() -> None:
+    """A real Ctrl-C: SIGINT to this process (Python runs its handler in the main thread)."""
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+class Fault:
+    """Arms one fault for the next step. `undone`: the step is undone (else it completes and
+    the interrupt is raised after it)."""
+
+    raises: type[BaseException] = Injected
+    undone = True
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.fired = False
+
+    def wrap(self, owner, name: str, action, after: bool = False) -> None:
+        """Patches owner.name so that its next call runs action() first (or, `after`, once the
+        call has returned), once."""
+        original = getattr(owner, name)
+
+        def patched(*args, **kwargs):
+            setattr(owner, name, original)
+            self.fired = True
+            if not after:
+                action()
+            result = original(*args, **kwargs)
+            if after:
+                action()
+            return result
+        setattr(owner, name, patched)
+
+
+class ScheduleFault(Fault):
+    raises = RuntimeError
+
+    def __init__(self, engine: Engine, point: str) -> None:
+        super().__init__(engine)
+        self.point = point
+
+    def arm(self) -> None:
+        self.engine._bm._inject_fault(self.point)
+        self.fired = True
+
+
+class RowsFault(Fault):
+    def arm(self) -> None:
+        self.wrap(self.engine._loop, "_assign_sampler_rows", self._raise)
+
+    def _raise(self):
+        raise Injected("sampler rows failed")
+
+
+class CtrlC(Fault):
+    raises = KeyboardInterrupt
+
+    def __init__(self, engine: Engine, phase: str) -> None:
+        super().__init__(engine)
+        self.phase = phase
+        self.undone = phase.split(":")[0] in ("rows", "forward", "sample")
+
+    def arm(self) -> None:
+        loop = self.engine._loop
+        name, _, when = self.phase.partition(":")  # "update:after": once the update has run
+        owner, attr = {"rows": (loop, "_assign_sampler_rows"), "forward": (loop.runner, "forward"),
+                       "sample": (loop.sampler, "sample"), "update": (loop, "_update"),
+                       "respond": (loop, "_respond")}[name]
+        self.wrap(owner, attr, interrupt, after=when == "after")
+
+
+class SlowForwardCtrlC(Fault):
+    """Overlap: Ctrl-C reaches the caller while the worker thread is still inside the forward.
+    The undo must wait for the worker before it touches the buffers the forward reads."""
+
+    raises = KeyboardInterrupt
+
+    def arm(self) -> None:
+        self.worker_done = threading.Event()
+        runner = self.engine._loop.runner
+        original = runner.forward
+
+        def slow(*args, **kwargs):
+            runner.forward = original
+            self.fired = True
+            interrupt()
+            time.sleep(0.3)  # still in the forward when the caller's wait is interrupted
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.worker_done.set()
+        runner.forward = slow
+
+
+def run(engine: Engine, fail_at: int, make_fault) -> dict[int, object]:
+    """Runs the PROMPTS; at step `fail_at` (and again each step until it fires) arms the fault.
+    Checks the state after the faulty step; returns the final outputs."""
+    ids = [engine.add_request(p, sp) for p, sp in zip(PROMPTS, params())]
+    finals, step, fault = {}, 0, None
+    while engine.has_unfinished_requests():
+        if step >= fail_at and (fault is None or not fault.fired):
+            fault = make_fault(engine)
+            before = snapshot(engine)
+            fault.arm()
+            try:
+                outs = engine.step()
+            except fault.raises:
+                outs = None
+            if not fault.fired:  # nothing reached that phase this step (no rows assigned, say)
+                assert outs is not None
+            else:
+                assert outs is None, "the fault did not reach the caller"
+                if isinstance(fault, SlowForwardCtrlC):
+                    assert fault.worker_done.is_set(), "the step was undone while the forward still ran"
+                engine._bm.check_invariants()
+                if fault.undone and not engine.overlap:
+                    after = snapshot(engine)
+                    for key in set(engine._bm.events()["paused"]):  # pauses stand: recomputed later
+                        before.pop(key, None), after.pop(key, None)
+                    if engine._bm.events()["paused"]:
+                        before.pop("stats"), after.pop("stats"), before.pop("sampler"), after.pop("sampler")
+                    assert after == before
+                continue
+        else:
+            outs = engine.step()
+        finals.update((o.request_id, o) for o in outs if o.finished)
+        step += 1
+    assert fault is not None and fault.fired
+    engine.check_resources()
+    return {i: (finals[rid].token_ids, finals[rid].logprobs, finals[rid].prompt_logprobs) for i, rid in enumerate(ids)}
+
+
+@pytest.fixture(scope="module")
+def reference(llama_dir):
+    eng = make_engine(llama_dir, overlap=False)
+    ids = [eng.add_request(p, sp) for p, sp in zip(PROMPTS, params())]
+    finals = {}
+    while eng.has_unfinished_requests():
+        finals.update((o.request_id, o) for o in eng.step() if o.finished)
+    return {i: (finals[rid].token_ids, finals[rid].logprobs, finals[rid].prompt_logprobs) for i, rid in enumerate(ids)}
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("point", SCHEDULE_POINTS)
+@pytest.mark.parametrize("fail_at", [0, 7])
+def test_a_fault_inside_the_schedule(llama_dir, reference, overlap, point, fail_at):
+    engine = make_engine(llama_dir, overlap)
+    assert run(engine, fail_at, lambda e: ScheduleFault(e, point)) == reference
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("fail_at", [0, 4])
+def test_a_fault_while_assigning_sampler_rows(llama_dir, reference, overlap, fail_at):
+    engine = make_engine(llama_dir, overlap)
+    assert run(engine, fail_at, RowsFault) == reference
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("phase", ["rows", "rows:after", "forward", "forward:after", "sample", "sample:after",
+                                   "update", "update:after", "respond", "respond:after"])
+@pytest.mark.parametrize("fail_at", [1, 9])
+def test_ctrl_c_at_every_phase(llama_dir, reference, overlap, phase, fail_at):
+    engine = make_engine(llama_dir, overlap)
+    assert run(engine, fail_at, lambda e: CtrlC(e, phase)) == reference
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the gate put it back
+
+
+@pytest.mark.parametrize("fail_at", [1, 6])
+def test_ctrl_c_while_the_worker_is_still_in_the_forward(llama_dir, reference, fail_at):
+    engine = make_engine(llama_dir, overlap=True)
+    assert run(engine, fail_at, SlowForwardCtrlC) == reference
+
+
+def test_an_application_sigint_handler_runs_where_the_interrupt_is_let_through(llama_dir, reference):
+    """A handler that does not raise: the step that held the signal back completes and returns
+    its outputs; the handler ran once."""
+    calls = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
+    try:
+        engine = make_engine(llama_dir, overlap=False)
+        ids = [engine.add_request(p, sp) for p, sp in zip(PROMPTS, params())]
+        finals, step = {}, 0
+        while engine.has_unfinished_requests():
+            if step == 3:
+                CtrlC(engine, "update").arm()
+            finals.update((o.request_id, o) for o in engine.step() if o.finished)
+            step += 1
+        assert calls == [signal.SIGINT]
+        got = {i: (finals[rid].token_ids, finals[rid].logprobs, finals[rid].prompt_logprobs)
+               for i, rid in enumerate(ids)}
+        assert got == reference
+    finally:
+        signal.signal(signal.SIGINT, previous)
