@@ -65,10 +65,10 @@ def test_cpu_kernels_reject_fp8_and_scales():
         kernels.paged_attention(q, cache, cache, idx, idx[:1], idx.view(1, 2), 1.0, k_scale=2.0)
     with pytest.raises(ValueError, match="cache_dtype: float8_e4m3 is a CUDA-only KV cache type"):
         _core._paged_attention(q.data_ptr(), 32, q.data_ptr(), 32, 0, cache.data_ptr(), cache.data_ptr(), 3,
-                               idx.data_ptr(), idx.data_ptr(), idx.data_ptr(), 1, 2, 2, 2, 16, 8, 1.0, 0, 1)
+                               idx.data_ptr(), idx.data_ptr(), idx.data_ptr(), 1, 1, 2, 2, 2, 16, 8, 2, 1.0, 0, 1)
     with pytest.raises(ValueError, match="src_dtype: float8_e4m3 is a CUDA-only KV cache type"):
         _core._store_kv(q.data_ptr(), q.data_ptr(), 32, 32, 3, cache.data_ptr(), cache.data_ptr(), 0,
-                        idx.data_ptr(), 1, 2, 16, 8)
+                        idx.data_ptr(), 1, 2, 16, 8, 2)
 
 
 def test_builds_without_cuda_say_so():

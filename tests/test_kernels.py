@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 import pyengine.core._core as _core
 from paged_kv import make_paged_kv, ref_attention
+from pyengine.layers._kernel_checks import check_attention_contents, check_slot_contents
 from pyengine.layers.attention import paged_attention, store_kv
 from pyengine.layers.cpu_features import set_cpu_isa
 
@@ -334,25 +337,75 @@ def test_core_bindings_validate():
     slots = torch.zeros(2, dtype=torch.int32)
     with pytest.raises(ValueError, match="key"):
         _core._store_kv(0, k.data_ptr(), 8, 8, 0, cache.data_ptr(), cache.data_ptr(), 0,
-                        slots.data_ptr(), 2, 1, 8, 4)
+                        slots.data_ptr(), 2, 1, 8, 4, 1)
     with pytest.raises(ValueError, match="src_dtype"):
         _core._store_kv(k.data_ptr(), k.data_ptr(), 8, 8, 7, cache.data_ptr(), cache.data_ptr(),
-                        0, slots.data_ptr(), 2, 1, 8, 4)
+                        0, slots.data_ptr(), 2, 1, 8, 4, 1)
     with pytest.raises(ValueError, match="head_dim"):
         _core._store_kv(k.data_ptr(), k.data_ptr(), 8, 8, 0, cache.data_ptr(), cache.data_ptr(),
-                        0, slots.data_ptr(), 2, 1, 0, 4)
+                        0, slots.data_ptr(), 2, 1, 0, 4, 1)
     i32 = torch.tensor([0, 1], dtype=torch.int32)
     q = torch.zeros(1, 3, 8)
     with pytest.raises(ValueError, match="num_heads"):
         _core._paged_attention(q.data_ptr(), 24, q.data_ptr(), 24, 0, cache.data_ptr(),
                                cache.data_ptr(), 0, i32.data_ptr(), i32.data_ptr(),
-                               i32.data_ptr(), 1, 1, 3, 2, 8, 4, 0.3, 0, 1)
+                               i32.data_ptr(), 1, 1, 1, 3, 2, 8, 4, 1, 0.3, 0, 1)
     with pytest.raises(ValueError, match="cache_dtype"):
         _core._paged_attention(q.data_ptr(), 24, q.data_ptr(), 24, 0, cache.data_ptr(),
                                cache.data_ptr(), 5, i32.data_ptr(), i32.data_ptr(),
-                               i32.data_ptr(), 1, 1, 3, 1, 8, 4, 0.3, 0, 1)
+                               i32.data_ptr(), 1, 1, 1, 3, 1, 8, 4, 1, 0.3, 0, 1)
     with pytest.raises(ValueError, match="block_tables"):
         _core._paged_attention(q.data_ptr(), 24, q.data_ptr(), 24, 0, cache.data_ptr(),
-                               cache.data_ptr(), 0, i32.data_ptr(), i32.data_ptr(), 0, 1, 1,
-                               3, 1, 8, 4, 0.3, 0, 1)
+                               cache.data_ptr(), 0, i32.data_ptr(), i32.data_ptr(), 0, 1, 1, 1,
+                               3, 1, 8, 4, 1, 0.3, 0, 1)
     assert _core._dtype_size(1) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# index contents: bounded against the pool before anything is read or written
+# ---------------------------------------------------------------------------------------------
+
+
+def _bad_attention_indices():
+    def block_past_pool(a):
+        a["block_tables"][0, 1] = a["k_cache"].shape[0]
+        return f"block_tables: block id {a['k_cache'].shape[0]} for sequence 0, block 1 is outside the cache's"
+
+    def rows_past_query(a):
+        a["query_start_loc"] = torch.tensor([0, 1, 7], dtype=torch.int32)
+        a["seq_lens"] = torch.tensor([20, 10], dtype=torch.int32)
+        return "query_start_loc: ends at 7, beyond the 5 query rows"
+
+    def huge_block_id(a):
+        a["block_tables"][1, 0] = 2**31 - 1
+        return "block_tables: block id 2147483647 for sequence 1, block 0 is outside"
+    return [block_past_pool, rows_past_query, huge_block_id]
+
+
+@pytest.mark.parametrize("corrupt", _bad_attention_indices())
+def test_paged_attention_bounds_index_contents(corrupt):
+    """A caller's bad index is a ValueError naming the value, never an out-of-bounds read. The
+    host-side check the CUDA path offers (check_indices=True) says the same."""
+    args = _attn_args()
+    message = corrupt(args)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        paged_attention(**args)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_attention_contents(args["query_start_loc"], args["seq_lens"], args["block_tables"],
+                                 args["query"].shape[0], args["k_cache"].shape[0], args["k_cache"].shape[2])
+
+
+@pytest.mark.parametrize("slot", [32, 40, 2**31 - 1])
+def test_store_kv_bounds_slots(slot):
+    cache = torch.zeros(4, 2, 8, 16)  # 4 blocks of 8: slots 0..31
+    args = dict(key=torch.randn(3, 2, 16), value=torch.randn(3, 2, 16), k_cache=cache, v_cache=cache.clone(),
+                slot_mapping=torch.tensor([0, slot, 9], dtype=torch.int32))
+    message = f"slot_mapping: entry 1 is {slot}, beyond the cache's 32 slots (4 blocks of 8)"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        store_kv(**args)
+    assert not cache.any()  # checked before the first row was written
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_slot_contents(args["slot_mapping"], 4, 8)
+    args["slot_mapping"] = torch.tensor([0, 31, -1], dtype=torch.int32)
+    store_kv(**args)
+    check_slot_contents(args["slot_mapping"], 4, 8)

@@ -10,6 +10,7 @@ cdef extern from "pyengine/cpu_decode.h" namespace "pyengine::kernels" nogil:
         int32_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate
         float rms_norm_eps, scale
         int32_t sliding_window, max_position, tokens_per_block, max_blocks_per_seq
+        int32_t num_blocks
         DType cache_dtype
         DType dtype
         bint quantized
@@ -33,7 +34,8 @@ cdef class CoreDecodeShape:
     def __init__(self, *, int32_t num_layers, int32_t hidden, int32_t num_heads, int32_t num_kv_heads,
                  int32_t head_dim, int32_t intermediate, float rms_norm_eps, float scale,
                  int32_t sliding_window, int32_t max_position, int32_t tokens_per_block,
-                 int32_t max_blocks_per_seq, int cache_dtype, int dtype, bint quantized=False):
+                 int32_t max_blocks_per_seq, int32_t num_blocks, int cache_dtype, int dtype,
+                 bint quantized=False):
         self.s.num_layers = num_layers
         self.s.hidden = hidden
         self.s.num_heads = num_heads
@@ -46,6 +48,7 @@ cdef class CoreDecodeShape:
         self.s.max_position = max_position
         self.s.tokens_per_block = tokens_per_block
         self.s.max_blocks_per_seq = max_blocks_per_seq
+        self.s.num_blocks = num_blocks
         self.s.cache_dtype = <DType>cache_dtype
         self.s.dtype = <DType>dtype
         self.s.quantized = quantized

@@ -16,15 +16,17 @@ cdef extern from "pyengine/kernels.h" namespace "pyengine::kernels" nogil:
     void store_kv(const void* key, const void* value, int64_t key_row_stride,
                   int64_t value_row_stride, DType src_dtype, void* k_cache, void* v_cache,
                   DType cache_dtype, const int32_t* slot_mapping, int32_t num_tokens,
-                  int32_t num_kv_heads, int32_t head_dim, int32_t tokens_per_block) except +
+                  int32_t num_kv_heads, int32_t head_dim, int32_t tokens_per_block,
+                  int32_t num_blocks) except +
 
     void paged_attention(void* out, int64_t out_row_stride, const void* query,
                          int64_t query_row_stride, DType q_dtype, const void* k_cache,
                          const void* v_cache, DType cache_dtype, const int32_t* query_start_loc,
                          const int32_t* seq_lens, const int32_t* block_tables, int32_t num_seqs,
-                         int32_t max_blocks_per_seq, int32_t num_heads, int32_t num_kv_heads,
-                         int32_t head_dim, int32_t tokens_per_block, float scale,
-                         int32_t sliding_window, int32_t num_threads) except +
+                         int32_t num_tokens, int32_t max_blocks_per_seq, int32_t num_heads,
+                         int32_t num_kv_heads, int32_t head_dim, int32_t tokens_per_block,
+                         int32_t num_blocks, float scale, int32_t sliding_window,
+                         int32_t num_threads) except +
 
 
 def _dtype_size(int dtype):
@@ -35,29 +37,30 @@ def _dtype_size(int dtype):
 def _store_kv(uintptr_t key, uintptr_t value, int64_t key_row_stride, int64_t value_row_stride,
               int src_dtype, uintptr_t k_cache, uintptr_t v_cache, int cache_dtype,
               uintptr_t slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
-              int32_t head_dim, int32_t tokens_per_block):
+              int32_t head_dim, int32_t tokens_per_block, int32_t num_blocks):
     """Raw store_kv: addresses are tensor.data_ptr() values, dtypes DType ints. Raises ValueError
-    (naming the argument) on invalid arguments."""
+    (naming the argument) on invalid arguments, slots beyond the cache's included."""
     with nogil:
         store_kv(<const void*>key, <const void*>value, key_row_stride, value_row_stride,
                  <DType>src_dtype, <void*>k_cache, <void*>v_cache, <DType>cache_dtype,
                  <const int32_t*>slot_mapping, num_tokens, num_kv_heads, head_dim,
-                 tokens_per_block)
+                 tokens_per_block, num_blocks)
 
 
 def _paged_attention(uintptr_t out, int64_t out_row_stride, uintptr_t query,
                      int64_t query_row_stride, int q_dtype, uintptr_t k_cache,
                      uintptr_t v_cache, int cache_dtype, uintptr_t query_start_loc,
                      uintptr_t seq_lens, uintptr_t block_tables, int32_t num_seqs,
-                     int32_t max_blocks_per_seq, int32_t num_heads, int32_t num_kv_heads,
-                     int32_t head_dim, int32_t tokens_per_block, float scale,
-                     int32_t sliding_window, int32_t num_threads):
+                     int32_t num_tokens, int32_t max_blocks_per_seq, int32_t num_heads,
+                     int32_t num_kv_heads, int32_t head_dim, int32_t tokens_per_block,
+                     int32_t num_blocks, float scale, int32_t sliding_window, int32_t num_threads):
     """Raw paged_attention: addresses are tensor.data_ptr() values, dtypes DType ints. Raises
-    ValueError (naming the argument) on invalid arguments."""
+    ValueError (naming the argument) on invalid arguments, indices outside the cache or the
+    query rows included."""
     with nogil:
         paged_attention(<void*>out, out_row_stride, <const void*>query, query_row_stride,
                         <DType>q_dtype, <const void*>k_cache, <const void*>v_cache,
                         <DType>cache_dtype, <const int32_t*>query_start_loc,
                         <const int32_t*>seq_lens, <const int32_t*>block_tables, num_seqs,
-                        max_blocks_per_seq, num_heads, num_kv_heads, head_dim,
-                        tokens_per_block, scale, sliding_window, num_threads)
+                        num_tokens, max_blocks_per_seq, num_heads, num_kv_heads, head_dim,
+                        tokens_per_block, num_blocks, scale, sliding_window, num_threads)

@@ -186,3 +186,50 @@ def attention_args(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
             raise ValueError(f"out: {out.shape[0]} rows, query has {num_tokens}")
     return AttentionArgs(q_code, cache_code, q_stride, out, out_stride, num_tokens, num_seqs, num_heads,
                          num_kv_heads, head_dim, tokens_per_block)
+
+
+def check_slot_contents(slot_mapping: torch.Tensor, num_blocks: int, tokens_per_block: int) -> None:
+    """The check the CPU store_kv makes in C++, on the host, for the CUDA kernels (which trust
+    their indices): every slot below num_blocks * tokens_per_block (negative ones skip)."""
+    slots = slot_mapping.cpu()
+    limit = num_blocks * tokens_per_block
+    bad = torch.nonzero(slots >= limit).flatten()
+    if bad.numel():
+        t = int(bad[0])
+        raise ValueError(f"slot_mapping: entry {t} is {int(slots[t])}, beyond the cache's {limit} slots "
+                         f"({num_blocks} blocks of {tokens_per_block})")
+
+
+def check_attention_contents(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                             num_tokens: int, num_blocks: int, tokens_per_block: int,
+                             sliding_window: int = 0) -> None:
+    """The checks the CPU paged_attention makes in C++, on the host, for the CUDA kernels:
+    query_start_loc from >= 0, non-decreasing, within the query rows; each seq_len at least its
+    query length and within the table's width; every block id a query can see in the pool."""
+    qsl, lens, table = query_start_loc.cpu().long(), seq_lens.cpu().long(), block_tables.cpu()
+    num_seqs = lens.shape[0]
+    if num_seqs == 0:
+        return
+    if int(qsl[0]) < 0:
+        raise ValueError("query_start_loc: must start at >= 0")
+    if int(qsl[num_seqs]) > num_tokens:
+        raise ValueError(f"query_start_loc: ends at {int(qsl[num_seqs])}, beyond the {num_tokens} query rows")
+    q_len = qsl[1:num_seqs + 1] - qsl[:num_seqs]
+    for s in range(num_seqs):
+        q, n = int(q_len[s]), int(lens[s])
+        if q < 0:
+            raise ValueError("query_start_loc: must be non-decreasing")
+        if n < q:
+            raise ValueError(f"seq_lens: seq_lens[{s}] = {n} is smaller than its query length {q}")
+        if q == 0:
+            continue
+        used = -(-n // tokens_per_block)
+        if used > table.shape[1]:
+            raise ValueError(f"seq_lens: seq_lens[{s}] = {n} needs more than max_blocks_per_seq blocks")
+        first = max(0, n - q - sliding_window + 1) // tokens_per_block if sliding_window > 0 else 0
+        ids = table[s, first:used]
+        bad = torch.nonzero((ids < 0) | (ids >= num_blocks)).flatten()
+        if bad.numel():
+            b = int(bad[0])
+            raise ValueError(f"block_tables: block id {int(ids[b])} for sequence {s}, block {first + b} is outside "
+                             f"the cache's {num_blocks} blocks")

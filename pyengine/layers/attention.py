@@ -6,9 +6,14 @@ CUDA kernels on the device's current torch stream (``pyengine.layers._attention_
 model code calls one function whatever its device.
 
 Both functions run once per layer per step, so the checks here are kept to cheap metadata
-reads (dtype, shape, strides); the C++ kernels validate the index tensors' contents
-(``query_start_loc``, ``seq_lens``, ``block_tables``) and raise ``ValueError`` naming the
-argument. Data pointers are handed to the C++ core (``pyengine.core._core``) without copies, and the
+reads (dtype, shape, strides). On the CPU the C++ kernels validate the index tensors' contents
+in a cheap pass before touching memory -- every slot against the cache's
+``num_blocks * tokens_per_block``, every block id a sequence uses against ``num_blocks``,
+``seq_lens`` against the table width, ``query_start_loc`` against the query rows -- and raise
+``ValueError`` naming the argument and the value. On CUDA the kernels trust the contents
+(reading them would synchronize with the device every layer): pass ``check_indices=True`` to
+check them on the host first (one device-to-host copy); the engine's own calls use the batch
+manager's metadata, which is built within these bounds. Data pointers are handed to the C++ core (``pyengine.core._core``) without copies, and the
 kernels run without the GIL.
 
 Layouts (see ``csrc/include/pyengine/kernels.h``):
@@ -27,7 +32,8 @@ import torch
 
 import pyengine.core._core as _core
 from pyengine.layers import _attention_cuda
-from pyengine.layers._kernel_checks import attention_args, store_kv_args
+from pyengine.layers._kernel_checks import (attention_args, check_attention_contents, check_slot_contents,
+                                            store_kv_args)
 
 __all__ = ["store_kv", "paged_attention", "paged_attention_workspace"]
 
@@ -46,6 +52,7 @@ def store_kv(
     slot_mapping: torch.Tensor,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    check_indices: bool = False,
 ) -> None:
     """Writes this step's K/V rows into their paged-cache slots (converting dtype if needed).
 
@@ -59,12 +66,18 @@ def store_kv(
         k_scale, v_scale: per-tensor scales of an fp8 cache (CUDA only; 1.0 elsewhere): the
             cache stores ``key / k_scale`` and ``value / v_scale``, saturated to +-448.
 
+        check_indices: CUDA only (the CPU kernel always checks): check the slots against the
+            cache on the host first (copies slot_mapping to the host: synchronizes).
+
     On CUDA the cache may be ``torch.float8_e4m3fn`` for bfloat16/float16 keys.
 
     Raises:
-        ValueError: on a bad dtype, device, shape or layout (the message names the argument).
+        ValueError: on a bad dtype, device, shape or layout, or a slot beyond the cache (the
+            message names the argument).
     """
     if key.is_cuda:
+        if check_indices:
+            check_slot_contents(slot_mapping, k_cache.shape[0], k_cache.shape[2])
         return _attention_cuda.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     _check_unit_scales(k_scale, v_scale)
     a = store_kv_args(key, value, k_cache, v_cache, slot_mapping)
@@ -73,7 +86,7 @@ def store_kv(
     _core._store_kv(
         key.data_ptr(), value.data_ptr(), a.key_stride, a.value_stride, a.src_code,
         k_cache.data_ptr(), v_cache.data_ptr(), a.cache_code, slot_mapping.data_ptr(),
-        a.num_tokens, a.num_kv_heads, a.head_dim, a.tokens_per_block,
+        a.num_tokens, a.num_kv_heads, a.head_dim, a.tokens_per_block, k_cache.shape[0],
     )
 
 
@@ -93,6 +106,7 @@ def paged_attention(
     workspace: torch.Tensor | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    check_indices: bool = False,
 ) -> torch.Tensor:
     """Causal attention of each sequence's query rows over its paged KV cache.
 
@@ -122,6 +136,8 @@ def paged_attention(
             least this batch's ``num_tokens`` and ``max_context_len``.
         k_scale, v_scale: dequantization scales of an fp8 (``torch.float8_e4m3fn``) cache (CUDA
             only; 1.0 on the CPU).
+        check_indices: CUDA only (the CPU kernel always checks): check the index tensors'
+            contents on the host first (copies them to the host: synchronizes).
 
     Returns:
         ``out``, ``[num_tokens, num_heads, head_dim]`` in query's dtype.
@@ -133,6 +149,9 @@ def paged_attention(
     if query.is_cuda:
         if max_query_len is None or max_context_len is None or workspace is None:
             raise ValueError("paged_attention on CUDA needs max_query_len, max_context_len and workspace")
+        if check_indices:
+            check_attention_contents(query_start_loc, seq_lens, block_tables, query.shape[0], k_cache.shape[0],
+                                     k_cache.shape[2], sliding_window)
         return _attention_cuda.paged_attention(
             query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window,
             max_query_len=max_query_len, max_context_len=max_context_len, workspace=workspace, out=out,
@@ -144,9 +163,9 @@ def paged_attention(
     _core._paged_attention(
         a.out.data_ptr(), a.out_stride, query.data_ptr(), a.query_stride, a.q_code,
         k_cache.data_ptr(), v_cache.data_ptr(), a.cache_code, query_start_loc.data_ptr(),
-        seq_lens.data_ptr(), block_tables.data_ptr(), a.num_seqs, block_tables.shape[1],
-        a.num_heads, a.num_kv_heads, a.head_dim, a.tokens_per_block, float(scale), int(sliding_window),
-        torch.get_num_threads(),
+        seq_lens.data_ptr(), block_tables.data_ptr(), a.num_seqs, a.num_tokens, block_tables.shape[1],
+        a.num_heads, a.num_kv_heads, a.head_dim, a.tokens_per_block, k_cache.shape[0], float(scale),
+        int(sliding_window), torch.get_num_threads(),
     )
     return a.out
 

@@ -47,7 +47,7 @@ class CpuDecodeLayers:
             num_layers=c.num_layers, hidden=c.hidden_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
             head_dim=c.head_dim, intermediate=c.intermediate_size, rms_norm_eps=c.rms_norm_eps,
             scale=model.scale, sliding_window=model.sliding_window, max_position=model.cos.shape[0],
-            tokens_per_block=k0.shape[2], max_blocks_per_seq=max_blocks_per_seq,
+            tokens_per_block=k0.shape[2], max_blocks_per_seq=max_blocks_per_seq, num_blocks=k0.shape[0],
             cache_dtype=dtype_code(k0, "k_cache"), dtype=dtype_code(model.norm, "weights"),
             quantized=self.quantized)
         # the row counts at which the model's linears are pyengine's kernels (see layers.linear.dense;

@@ -187,7 +187,8 @@ void check_problem(const Problem& pb, int32_t threads, Stats& st) {
   paged_attention(out.data(), pb.out_stride, pb.query.data(), pb.q_stride, pb.q_dtype,
                   pb.k_cache.data(), pb.v_cache.data(), pb.cache_dtype, pb.query_start_loc.data(),
                   pb.seq_lens.data(), pb.block_tables.data(), static_cast<int32_t>(sh.seqs.size()),
-                  pb.max_blocks, sh.heads, sh.kv_heads, D, T, scale, sh.window, threads);
+                  pb.num_tokens, pb.max_blocks, sh.heads, sh.kv_heads, D, T, pb.num_blocks, scale,
+                  sh.window, threads);
 
   const double u_out = fpref::unit_roundoff(pb.q_dtype);
   const double abs_out = pb.q_dtype == DType::kFloat16 ? fpref::kF16SubnormalHalfStep : 0.0;
@@ -324,7 +325,7 @@ void check_store_kv(DType src, DType cache, std::mt19937& rng, int64_t& failures
     vc.set_bits(i, sentinel_bits(cache));
   }
   store_kv(key.data(), value.data(), ks, vs, src, kc.data(), vc.data(), cache, slots.data(), tokens,
-           H, D, T);
+           H, D, T, blocks);
   std::vector<char> written(kc.size(), 0);
   int printed = 0;
   auto expect = [&](const Buffer& got, size_t at, const Buffer& from, size_t src_at) {
@@ -408,11 +409,49 @@ TEST(the_cpu_kernels_refuse_float8) {
   float buf[4] = {};
   int32_t zero[2] = {0, 1};
   CHECK_THROWS(paged_attention(buf, 1, buf, 1, DType::kFloat32, buf, buf, DType::kFloat8E4M3,
-                               zero, zero + 1, zero, 1, 1, 1, 1, 1, 1, 1.0f, 0, 1),
+                               zero, zero + 1, zero, 1, 1, 1, 1, 1, 1, 1, 1, 1.0f, 0, 1),
                std::invalid_argument, "cache_dtype: float8_e4m3");
   CHECK_THROWS(store_kv(buf, buf, 1, 1, DType::kFloat32, buf, buf, DType::kFloat8E4M3, zero, 1, 1,
-                        1, 1),
+                        1, 1, 1),
                std::invalid_argument, "cache_dtype: float8_e4m3");
+}
+
+// Indices from a caller are checked against the pool before anything is read or written: a
+// slot or block id past the cache, or query rows past the query, is an error, never an
+// out-of-bounds access (the buffers here are exactly the declared sizes: ASan would see one).
+TEST(the_cpu_kernels_bound_every_index) {
+  const int32_t H = 1, D = 4, T = 2, blocks = 3;
+  std::vector<float> cache(static_cast<size_t>(blocks) * H * T * D, 0.0f), v_cache(cache.size(), 0.0f);
+  std::vector<float> rows(2 * H * D, 1.0f), out(2 * H * D, 0.0f);
+  std::vector<int32_t> slots{5, 6};  // 6 = blocks * T: one past the last slot
+  CHECK_THROWS(store_kv(rows.data(), rows.data(), H * D, H * D, DType::kFloat32, cache.data(), v_cache.data(),
+                        DType::kFloat32, slots.data(), 2, H, D, T, blocks),
+               std::invalid_argument, "slot_mapping: entry 1 is 6, beyond the cache's 6 slots (3 blocks of 2)");
+  slots = {5, -1};  // a negative slot skips its row
+  store_kv(rows.data(), rows.data(), H * D, H * D, DType::kFloat32, cache.data(), v_cache.data(),
+           DType::kFloat32, slots.data(), 2, H, D, T, blocks);
+  CHECK_EQ(cache[5 * D], 1.0f);
+
+  std::vector<int32_t> qsl{0, 1}, lens{3}, table{0, 3};  // block 3 does not exist
+  CHECK_THROWS(paged_attention(out.data(), H * D, rows.data(), H * D, DType::kFloat32, cache.data(),
+                               v_cache.data(), DType::kFloat32, qsl.data(), lens.data(), table.data(), 1, 2, 2, H,
+                               H, D, T, blocks, 0.5f, 0, 1),
+               std::invalid_argument, "block_tables: block id 3 for sequence 0, block 1 is outside the cache's 3 blocks");
+  table = {0, 2};
+  qsl = {0, 3};  // three query rows, the query has two
+  CHECK_THROWS(paged_attention(out.data(), H * D, rows.data(), H * D, DType::kFloat32, cache.data(),
+                               v_cache.data(), DType::kFloat32, qsl.data(), lens.data(), table.data(), 1, 2, 2, H,
+                               H, D, T, blocks, 0.5f, 0, 1),
+               std::invalid_argument, "query_start_loc: ends at 3, beyond the 2 query rows");
+  lens = {5};  // needs 3 blocks, the table has 2
+  qsl = {0, 1};
+  CHECK_THROWS(paged_attention(out.data(), H * D, rows.data(), H * D, DType::kFloat32, cache.data(),
+                               v_cache.data(), DType::kFloat32, qsl.data(), lens.data(), table.data(), 1, 2, 2, H,
+                               H, D, T, blocks, 0.5f, 0, 1),
+               std::invalid_argument, "seq_lens: seq_lens[0] = 5 needs more than max_blocks_per_seq blocks");
+  lens = {3};
+  paged_attention(out.data(), H * D, rows.data(), H * D, DType::kFloat32, cache.data(), v_cache.data(),
+                  DType::kFloat32, qsl.data(), lens.data(), table.data(), 1, 2, 2, H, H, D, T, blocks, 0.5f, 0, 1);
 }
 
 TEST_MAIN()

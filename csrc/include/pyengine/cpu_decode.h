@@ -24,6 +24,7 @@ struct DecodeShape {
   int32_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate;
   float rms_norm_eps, scale;
   int32_t sliding_window, max_position, tokens_per_block, max_blocks_per_seq;
+  int32_t num_blocks;  // in each layer's k/v cache (the kernels check the indices against it)
   DType cache_dtype;
   DType dtype;  // of the activations and weights: kBFloat16 or kFloat32
   // The linear layers' weights (kQkv, kO, kGateUp, kDown) are quantized (pyengine/cpu_quant.h):

@@ -130,11 +130,11 @@ void decode_layers(void* h, int32_t T, const uintptr_t* layer_ptrs, const Decode
     auto* k_cache = reinterpret_cast<void*>(p[kKCache]);
     auto* v_cache = reinterpret_cast<void*>(p[kVCache]);
     store_kv(k, v, w.qkv, w.qkv, dt, k_cache, v_cache, s.cache_dtype, slot_mapping, T,
-             s.num_kv_heads, s.head_dim, s.tokens_per_block);
+             s.num_kv_heads, s.head_dim, s.tokens_per_block, s.num_blocks);
     paged_attention(attn, w.attn, q, w.qkv, dt, k_cache, v_cache, s.cache_dtype, query_start_loc,
-                    seq_lens, block_tables, num_seqs, s.max_blocks_per_seq, s.num_heads,
-                    s.num_kv_heads, s.head_dim, s.tokens_per_block, s.scale, s.sliding_window,
-                    num_threads);
+                    seq_lens, block_tables, num_seqs, T, s.max_blocks_per_seq, s.num_heads,
+                    s.num_kv_heads, s.head_dim, s.tokens_per_block, s.num_blocks, s.scale,
+                    s.sliding_window, num_threads);
     linear(s, delta, attn, p[kO], 0, T, s.hidden, static_cast<int32_t>(w.attn), num_threads);
     // h += delta; x = norm(h)
     rms_norm(x, s.hidden, delta, s.hidden, h, s.hidden, ptr(p[kPostNorm]), dt, T, s.hidden,
