@@ -126,9 +126,14 @@ class EngineConfig:
     exact_fp32: bool = False
     quantization: str | None = None
     quantize_lm_head: bool = True
+    tokenizer: str | Path | None = None
 
     def __post_init__(self) -> None:
         self.model = Path(self.model)
+        if self.tokenizer is not None:
+            if not isinstance(self.tokenizer, (str, Path)):
+                raise TypeError(f"tokenizer must be a directory path or None, got {self.tokenizer!r}")
+            self.tokenizer = Path(self.tokenizer)
         self.kv_cache_config = self.kv_cache_config or KvCacheConfig()
         self.scheduler_config = self.scheduler_config or SchedulerConfig()
         if not isinstance(self.kv_cache_config, KvCacheConfig):

@@ -4,12 +4,15 @@ by ModelConfig / the loader, and through Engine(...) as a StartupError of phase 
 
 from __future__ import annotations
 
+import gc
+import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from pyengine import Engine, StartupError
 from pyengine.models.config import ModelConfig
@@ -125,3 +128,99 @@ def test_missing_shard_is_named(sharded_dir, tmp_path):
     shard = sorted(bad.glob("model-*.safetensors"))[-1]
     shard.unlink()
     assert f"names shard {shard.name!r}, which does not exist" in _startup_error(bad, "weights")
+
+
+# ---- damaged checkpoints: each a StartupError naming the file and the problem, nothing kept ----
+
+def _live_tensors() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
+
+
+def _rewrite(d: Path, change) -> None:
+    tensors = load_file(d / "model.safetensors")
+    change(tensors)
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+
+
+def _corrupt_header(d: Path) -> None:  # same size, garbage where the JSON header is
+    f = d / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[8:40] = b"#" * 32
+    f.write_bytes(bytes(data))
+
+
+def _garbage_in_data(d: Path) -> None:  # bytes of the last tensor overwritten: 0xff.. decodes to NaN
+    f = d / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-64:] = b"\xff" * 64
+    f.write_bytes(bytes(data))
+
+
+def _drop_field(field: str):
+    def change(d: Path) -> None:
+        config = json.loads((d / "config.json").read_text())
+        del config[field]
+        (d / "config.json").write_text(json.dumps(config))
+    return change
+
+
+Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
+DAMAGE = {
+    "corrupt header": (_corrupt_header, "weights", "cannot read '{weights}': Error while deserializing header"),
+    "garbage in the data": (_garbage_in_data, "weights", "in '{weights}' holds a non-finite value (nan at flat index"),
+    "integer weight": (lambda d: _rewrite(d, lambda t: t.update({Q_PROJ: t[Q_PROJ].to(torch.int32)})), "weights",
+                       f"tensor '{Q_PROJ}' in '{{weights}}' has dtype int32, expected a floating-point type"),
+    "wrong shape": (lambda d: _rewrite(d, lambda t: t.update({Q_PROJ: t[Q_PROJ][:-1].contiguous()})), "weights",
+                    f"tensor '{Q_PROJ}' has shape"),
+    "missing tensor": (lambda d: _rewrite(d, lambda t: t.pop(Q_PROJ)), "weights",
+                       f"checkpoint '{{dir}}' is missing tensor '{Q_PROJ}'"),
+    "config without hidden_size": (_drop_field("hidden_size"), "config",
+                                   "config.json lacks the required field 'hidden_size'"),
+    "config without num_hidden_layers": (_drop_field("num_hidden_layers"), "config",
+                                         "config.json lacks the required field 'num_hidden_layers'"),
+    "broken tokenizer": (lambda d: (d / "tokenizer.json").write_text("{not json"), "config",
+                         "cannot load the tokenizer in '{dir}': JSONDecodeError"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_checkpoint_is_named_and_leaves_nothing(single_dir, tmp_path, damage):
+    bad = tmp_path / "model"
+    shutil.copytree(single_dir, bad)
+    change, phase, expected = DAMAGE[damage]
+    change(bad)
+    before = _live_tensors()
+    with pytest.raises(StartupError) as info:
+        Engine(bad)
+    assert info.value.phase == phase
+    assert expected.format(weights=bad / "model.safetensors", dir=bad) in str(info.value)
+    # the tensors loaded before the failure are gone, even while the error is held
+    assert _live_tensors() == before
+
+
+def test_a_tokenizer_directory_must_exist_and_hold_one(single_dir, tmp_path):
+    missing = tmp_path / "no-such-tokenizer"
+    assert f"tokenizer directory {str(missing)!r} does not exist" in _startup_error_with(single_dir, missing)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert (f"no tokenizer.json or tokenizer_config.json in tokenizer directory {str(empty)!r}"
+            in _startup_error_with(single_dir, empty))
+    # a model without a tokenizer, given one: text prompts work
+    bare = tmp_path / "bare"
+    shutil.copytree(single_dir, bare)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (bare / f).unlink()
+    with Engine(bare) as engine:
+        with pytest.raises(ValueError, match=r"a text prompt needs a tokenizer.*Engine\(\.\.\., tokenizer=DIR\)"):
+            engine.add_request("hello")
+    with Engine(bare, tokenizer=single_dir) as engine:
+        engine.add_request("hello")
+        assert engine.tokenizer is not None
+
+
+def _startup_error_with(model, tokenizer) -> str:
+    with pytest.raises(StartupError) as info:
+        Engine(model, tokenizer=tokenizer)
+    assert info.value.phase == "config"
+    return str(info.value)

@@ -58,6 +58,9 @@ class Engine:
         its rows do not fit; Q8_0 stays Q8_0). Activations stay float32 (dtype must be float32).
         CPU only.
     quantize_lm_head: with `quantization`, False keeps the embedding table and lm_head in float32.
+    tokenizer: a directory holding the tokenizer (tokenizer.json / tokenizer_config.json), used
+        instead of the model's own; it must exist and hold one. By default the model directory's
+        tokenizer (or the GGUF file's); a model without one takes token-id prompts only.
 
     The CPU kernels run at the highest instruction-set level the CPU supports (see
     `pyengine.cpu_info()`); the PYENGINE_CPU_ISA environment variable ("generic", "avx2",
@@ -74,14 +77,15 @@ class Engine:
                  max_seq_len: int | None = None, seed: int | None = None, overlap: bool = False,
                  device: str | torch.device = "cpu", cuda_graphs: bool = True,
                  cuda_graph_batch_sizes: Sequence[int] | None = None, exact_fp32: bool = False,
-                 quantization: str | None = None, quantize_lm_head: bool = True) -> None:
+                 quantization: str | None = None, quantize_lm_head: bool = True,
+                 tokenizer: str | Path | None = None) -> None:
         self._closed = True
         self._guard = OneThreadGuard()
         parts = start_engine(model=model, dtype=dtype, kv_cache_config=kv_cache_config,
                              scheduler_config=scheduler_config, max_seq_len=max_seq_len, seed=seed,
                              overlap=overlap, device=device, cuda_graphs=cuda_graphs,
                              cuda_graph_batch_sizes=cuda_graph_batch_sizes, exact_fp32=exact_fp32,
-                             quantization=quantization, quantize_lm_head=quantize_lm_head)
+                             quantization=quantization, quantize_lm_head=quantize_lm_head, tokenizer=tokenizer)
         self._parts = parts
         self.config = parts.config
         self.model_dir, self.model_config, self.tokenizer = parts.config.model, parts.model_config, parts.tokenizer

@@ -39,19 +39,33 @@ def cache_salt_key(salt: str | bytes | None) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") or 1
 
 
-def load_tokenizer(model_dir: Path) -> Any:
-    """The model directory's tokenizer (transformers' AutoTokenizer), or None if it has none."""
-    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def load_tokenizer(directory: Path, required: bool = False) -> Any:
+    """The directory's tokenizer (transformers' AutoTokenizer), or None if it has none. With
+    `required` (a tokenizer directory the caller named) the directory must exist and hold one.
+    A tokenizer that fails to load is a ValueError naming the directory."""
+    if required and not directory.is_dir():
+        what = "is a file, not a directory" if directory.exists() else "does not exist"
+        raise FileNotFoundError(f"tokenizer directory {str(directory)!r} {what}")
+    if not any((directory / f).is_file() for f in TOKENIZER_FILES):
+        if required:
+            raise FileNotFoundError(f"no {' or '.join(TOKENIZER_FILES)} in tokenizer directory {str(directory)!r}")
         return None
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    try:
+        return AutoTokenizer.from_pretrained(str(directory))
+    except Exception as e:
+        raise ValueError(f"cannot load the tokenizer in {str(directory)!r}: {type(e).__name__}: {e}") from e
 
 
 def prompt_token_ids(prompt: Prompt, tokenizer: Any, model_dir: Path) -> list[int]:
     """A prompt (text, token ids, or a 1-D integer tensor) as a list of token ids."""
     if isinstance(prompt, str):
         if tokenizer is None:
-            raise ValueError(f"a text prompt needs a tokenizer, and {str(model_dir)!r} has none; pass token ids")
+            raise ValueError(f"a text prompt needs a tokenizer, and {str(model_dir)!r} has none; pass token ids, "
+                             f"or a tokenizer directory: Engine(..., tokenizer=DIR)")
         return list(tokenizer(prompt)["input_ids"])
     if isinstance(prompt, torch.Tensor) and prompt.dim() == 1 and not prompt.is_floating_point():
         return prompt.tolist()

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import math
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -86,45 +87,35 @@ def _phase(phases: list[tuple[str, float]], name: str) -> Iterator[None]:
     try:
         yield
     except Exception as e:
+        # The error keeps its traceback (file and line for the report) but not the locals of its
+        # frames: weights loaded before the failure are freed even while the caller holds it.
+        traceback.clear_frames(e.__traceback__)
         raise StartupError(name, e) from e
     phases.append((name, time.perf_counter() - start))
 
 
 def start_engine(**engine_args: Any) -> EngineParts:
     """Runs the phases on Engine(...)'s arguments; raises StartupError."""
+    try:
+        return _run_phases(engine_args)
+    except StartupError as e:
+        # what the phases built (the model, the KV pool) goes now, not when the caller drops the error
+        traceback.clear_frames(e.__traceback__)
+        raise
+
+
+def _run_phases(engine_args: dict[str, Any]) -> EngineParts:
     phases: list[tuple[str, float]] = []
     with _phase(phases, "config"):
         parts = _configure(EngineConfig(**engine_args))
         parts.phases = phases
     with _phase(phases, "weights"):
-        mc = parts.model_config
-        cls = model_class(mc)
-        names, optional = cls.weight_names(mc)
-        convert = None
-        if parts.config.quantization is not None:
-            parts.quant_plan = QuantPlan.create(parts.config.quantization, mc.tie_word_embeddings,
-                                                parts.config.quantize_lm_head, mc.num_layers)
-            convert = parts.quant_plan.convert
-        if parts.gguf_header is not None:
-            weights = gguf.load_weights(parts.gguf_header, mc, names, parts.config.dtype, optional)
-            parts.gguf_header = None
-        elif parts.prequantized is not None:  # AWQ / GPTQ: repacked, not quantized again
-            weights = load_prequantized(parts.config.model, names, parts.config.dtype, optional, parts.prequantized,
-                                        LINEAR_SUFFIXES)
-        else:
-            weights = load_tensors(parts.config.model, names, parts.config.dtype, optional, convert=convert)
-        model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device,
-                    exact_fp32=parts.config.exact_fp32)
-        if parts.quant_plan is not None:
-            logger.info("quantized at load to %s: %s", parts.config.quantization, parts.quant_plan.summary())
-        if parts.quant_plan is not None or model.quantized:  # (AWQ / GPTQ checkpoints are quantized models)
-            del weights
-            release_free_heap()  # the float copies converted one at a time, the blocks before interleaving
+        model = _load_model(parts)
     with _phase(phases, "kv_capacity"):
         parts.capacity = _kv_capacity(parts, model)
     with _phase(phases, "scheduler"):
         parts.bm = _batch_manager(parts, parts.capacity.num_blocks)
-        parts.sampler = Sampler(parts.bm.num_slots, mc.vocab_size, parts.config.seed, parts.device)
+        parts.sampler = Sampler(parts.bm.num_slots, parts.model_config.vocab_size, parts.config.seed, parts.device)
     with _phase(phases, "executor"):
         sc = parts.config.scheduler_config
         parts.runner = _runner(parts, model, parts.bm, sc.max_batch_size, parts.capacity.num_blocks,
@@ -137,6 +128,35 @@ def start_engine(**engine_args: Any) -> EngineParts:
                 parts.runner.close()
                 raise
     return parts
+
+
+def _load_model(parts: EngineParts) -> Any:
+    """The weights phase: reads (and converts) the weights and builds the model. Its own frame,
+    so that a failure's traceback, once cleared, holds none of the tensors read so far."""
+    mc = parts.model_config
+    cls = model_class(mc)
+    names, optional = cls.weight_names(mc)
+    convert = None
+    if parts.config.quantization is not None:
+        parts.quant_plan = QuantPlan.create(parts.config.quantization, mc.tie_word_embeddings,
+                                            parts.config.quantize_lm_head, mc.num_layers)
+        convert = parts.quant_plan.convert
+    if parts.gguf_header is not None:
+        weights = gguf.load_weights(parts.gguf_header, mc, names, parts.config.dtype, optional)
+        parts.gguf_header = None
+    elif parts.prequantized is not None:  # AWQ / GPTQ: repacked, not quantized again
+        weights = load_prequantized(parts.config.model, names, parts.config.dtype, optional, parts.prequantized,
+                                    LINEAR_SUFFIXES)
+    else:
+        weights = load_tensors(parts.config.model, names, parts.config.dtype, optional, convert=convert)
+    model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device,
+                exact_fp32=parts.config.exact_fp32)
+    if parts.quant_plan is not None:
+        logger.info("quantized at load to %s: %s", parts.config.quantization, parts.quant_plan.summary())
+    if parts.quant_plan is not None or model.quantized:  # (AWQ / GPTQ checkpoints are quantized models)
+        del weights
+        release_free_heap()  # the float copies converted one at a time, the blocks before interleaving
+    return model
 
 
 def _configure(cfg: EngineConfig) -> EngineParts:
@@ -175,7 +195,9 @@ def _configure(cfg: EngineConfig) -> EngineParts:
         if cfg.dtype != torch.float32:
             raise ValueError(f"a {prequantized.method} checkpoint computes with float32 activations: dtype must be "
                              f"'float32', got {cfg.dtype}")
-    if header is None:
+    if cfg.tokenizer is not None:
+        tokenizer = load_tokenizer(cfg.tokenizer, required=True)
+    elif header is None:
         tokenizer = load_tokenizer(cfg.model)
     if kv_dtype is None:
         # quantized weights compute in float32 but keep K and V in float16, as llama.cpp does: half

@@ -7,7 +7,9 @@ Attention goes through the C++ paged kernels; its metadata travels in `Attention
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +57,17 @@ def cat_rows(parts: list[torch.Tensor | QuantizedWeight]) -> torch.Tensor | Quan
     return torch.cat(parts)
 
 
+def take_weight(weights: dict[str, Any], name: str, shape: tuple[int, ...],
+                device: torch.device) -> torch.Tensor | QuantizedWeight:
+    """Pops a checkpoint tensor, checking its shape, in the layout the model computes from."""
+    t = weights.pop(name)
+    if tuple(t.shape) != shape:
+        raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {shape} from config.json")
+    if isinstance(t, QuantizedWeight):  # the layout the CPU kernels compute fastest from
+        return t.interleaved()
+    return t.to(device).contiguous()
+
+
 class LlamaFamilyModel:
     """Weights plus a forward over [num_tokens] flattened inputs; returns fp32 logits of the
     rows in `logits_indices`."""
@@ -68,13 +81,9 @@ class LlamaFamilyModel:
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         self.q_size, self.kv_size = q_size, kv_size
 
-        def take(name: str, shape: tuple[int, ...]) -> torch.Tensor | QuantizedWeight:
-            t = weights.pop(name)
-            if tuple(t.shape) != shape:
-                raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {shape} from config.json")
-            if isinstance(t, QuantizedWeight):  # the layout the CPU kernels compute fastest from
-                return t.interleaved()
-            return t.to(self.device).contiguous()
+        # not a closure: a failure's traceback keeps its frames' functions, and a closure over
+        # `weights` would keep every tensor read so far alive with it
+        take = functools.partial(take_weight, weights, device=self.device)
 
         self.embed = take("model.embed_tokens.weight", (c.vocab_size, c.hidden_size))
         self.layers = []

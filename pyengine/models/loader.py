@@ -70,9 +70,12 @@ def load_tensors(model_dir: str | Path, names: list[str], dtype: torch.dtype,
             with _open(path) as f:
                 for n in wanted:
                     try:
-                        t = f.get_tensor(n).to(dtype, copy=own_memory)
+                        raw = f.get_tensor(n)
                     except Exception as e:  # a corrupt file surfaces as one clear error naming it
                         raise _read_error(path, e) from e
+                    check_float_tensor(n, raw, path)
+                    t = raw.to(dtype, copy=own_memory)
+                    del raw
                     if convert is not None:
                         bar.update(t.numel())
                         t = convert(n, t)
@@ -81,6 +84,29 @@ def load_tensors(model_dir: str | Path, names: list[str], dtype: torch.dtype,
         if bar is not None:
             bar.close()
     return out
+
+
+# Floating types a checkpoint's weights may be stored in (converted to the engine's dtype).
+FLOAT_STORAGE = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_FINITE_CHUNK = 1 << 24  # elements per isfinite pass: bounds the temporary mask
+
+
+def check_float_tensor(name: str, t: torch.Tensor, path: Path) -> None:
+    """A weight must be stored in a floating type and hold finite values: an integer tensor
+    where a weight belongs, or NaN/Inf (what garbage bytes in a damaged file usually decode
+    to), is a ValueError naming the tensor and the file -- not a model that loads and then
+    produces nonsense."""
+    if t.dtype not in FLOAT_STORAGE:
+        raise ValueError(f"tensor {name!r} in {str(path)!r} has dtype {str(t.dtype).replace('torch.', '')}, "
+                         f"expected a floating-point type (float32, bfloat16, float16)")
+    flat = t.reshape(-1)
+    for start in range(0, flat.numel(), _FINITE_CHUNK):
+        part = flat[start:start + _FINITE_CHUNK]
+        lo, hi = torch.aminmax(part)  # NaN propagates, an Inf is an extreme: ~10x faster than isfinite
+        if not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))):
+            at = start + int(torch.nonzero(~torch.isfinite(part))[0])
+            raise ValueError(f"tensor {name!r} in {str(path)!r} holds a non-finite value ({float(flat[at])} at "
+                             f"flat index {at}): the file may be corrupt (an interrupted download or copy?)")
 
 
 def _open(path: Path):
