@@ -71,3 +71,29 @@ def test_bad_request_ids_are_named_and_change_nothing(llama_dir, bad, error, mat
     with pytest.raises(error, match=match):
         engine.add_request([1, 2, 3], GREEDY, request_id=bad)
     assert not engine.has_unfinished_requests() and engine.stats()["num_requests"] == 0
+
+
+def test_finished_id_memory_is_bounded(llama_dir, monkeypatch):
+    """A long-running engine remembers finished ids in bounded memory: ids it assigned cost
+    nothing (every one below the next was in use once); the caller's own ids, the latest
+    FINISHED_IDS_KEPT of them."""
+    import pyengine.engine.requests as requests_module
+    monkeypatch.setattr(requests_module, "FINISHED_IDS_KEPT", 3)
+    engine = make_engine(llama_dir)
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    auto = [engine.add_request([1, 2, 3], one) for _ in range(20)]
+    mine = [engine.add_request([4, 5], one, request_id=f"job-{i}") for i in range(5)]
+    big = engine.add_request([6], one, request_id=10**12)  # a caller's int beyond the assigned range
+    drain(engine)
+    table = engine._requests
+    assert list(table._finished) == ["job-3", "job-4", 10**12]  # the assigned ids take no entries
+    assert not any(engine.abort_request(rid) for rid in auto + mine[3:] + [big])  # finished: False
+    with pytest.raises(ValueError, match="unknown request_id 'job-0'"):  # forgotten: the bound held
+        engine.abort_request("job-0")
+    with pytest.raises(ValueError, match="unknown request_id 20"):  # never assigned yet
+        engine.abort_request(20)
+    assert engine.add_request([1], one) == 20  # the next assigned id
+    with pytest.raises(ValueError, match="request_id 20 is already in use"):
+        engine.add_request([1], one, request_id=20)
+    drain(engine)
+    assert engine.abort_request(20) is False

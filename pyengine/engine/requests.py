@@ -28,7 +28,10 @@ RequestId = int | str
 _MAX_CORE_ID = 2**63 - 1
 # Finished request ids remembered, so that aborting one says False rather than "unknown";
 # older ones are forgotten (an application running for months must not grow without bound).
-FINISHED_IDS_KEPT = 65536
+# Finished ids a caller chose that are remembered (abort_request on one returns False rather than
+# "unknown"): the latest this many. Ids the engine assigned need no memory: every one below the
+# next to be assigned was in use once.
+FINISHED_IDS_KEPT = 4096
 
 
 def cache_salt_key(salt: str | bytes | None) -> int:
@@ -90,6 +93,7 @@ class NewRequest:
     stop_ids: list[int]         # what min_tokens masks: every EOS id, then the user's
     priority: float
     cache_salt_key: int
+    auto_id: bool = False       # the engine assigned request_id
 
 
 class RequestTable:
@@ -105,7 +109,7 @@ class RequestTable:
         self.records: dict[int, RequestRecord] = {}
         self._core_ids: dict[RequestId, int] = {}
         self._finished: OrderedDict[RequestId, None] = OrderedDict()
-        self._auto_ids = itertools.count()
+        self._next_auto_id = 0  # ids below it were all in use once (assigned, or skipped as in use)
         self._str_ids = itertools.count(1)
         self.num_owed_prompt_logprobs = 0  # live requests still owed prompt logprobs
 
@@ -116,14 +120,19 @@ class RequestTable:
         return self._core_ids.get(request_id)
 
     def was_finished(self, request_id: RequestId) -> bool:
-        """True for a request that finished recently (its id may be given again)."""
+        """True for a request that finished: any id the engine assigned, or one of the latest
+        FINISHED_IDS_KEPT the caller chose (its id may be given again)."""
+        if request_id in self._core_ids:
+            return False
+        if isinstance(request_id, int) and not isinstance(request_id, bool) and 0 <= request_id < self._next_auto_id:
+            return True
         return request_id in self._finished
 
     def _assign(self, request_id: RequestId | None, in_core: Any) -> tuple[RequestId, int]:
         if request_id is None:
-            rid = next(self._auto_ids)
+            rid = self._next_auto_id
             while rid in self._core_ids or in_core(rid):
-                rid = next(self._auto_ids)
+                rid += 1
             return rid, rid
         if isinstance(request_id, bool) or not isinstance(request_id, (int, str)):
             raise TypeError(f"request_id must be an int or a str, got {request_id!r}")
@@ -149,6 +158,7 @@ class RequestTable:
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         params.validate()
         ids = prompt_token_ids(prompt, self.tokenizer, self.model_dir)
+        auto_id = request_id is None
         request_id, core_id = self._assign(request_id, in_core)
         vocab = self.model_config.vocab_size
         bad_stop = next((t for t in params.stop_token_ids if t >= vocab), None)
@@ -162,7 +172,7 @@ class RequestTable:
         return NewRequest(request_id=request_id, core_id=core_id, prompt_token_ids=ids, params=params,
                           end_id=eos[0] if eos else -1, core_stop_ids=list(params.stop_token_ids) + eos[1:],
                           stop_ids=eos + list(params.stop_token_ids), priority=float(priority),
-                          cache_salt_key=cache_salt_key(cache_salt))
+                          cache_salt_key=cache_salt_key(cache_salt), auto_id=auto_id)
 
     def add(self, new: NewRequest, new_seed: Callable[[], int], arrival_time: float) -> RequestRecord:
         """Records a request the batch manager has accepted; `new_seed()` gives the seed of a
@@ -174,6 +184,8 @@ class RequestTable:
             metrics=RequestMetrics(arrival_time=arrival_time))
         self.records[new.core_id] = rec
         self._core_ids[new.request_id] = new.core_id
+        if new.auto_id:
+            self._next_auto_id = new.request_id + 1
         self._finished.pop(new.request_id, None)
         self.num_owed_prompt_logprobs += rec.wants_prompt_logprobs
         return rec
@@ -183,7 +195,7 @@ class RequestTable:
         rec = self.records.pop(core_id)
         del self._core_ids[rec.request_id]
         self.num_owed_prompt_logprobs -= rec.wants_prompt_logprobs
-        if finished:
+        if finished and not (isinstance(rec.request_id, int) and rec.request_id < self._next_auto_id):
             self._finished[rec.request_id] = None
             while len(self._finished) > FINISHED_IDS_KEPT:
                 self._finished.popitem(last=False)
