@@ -4,7 +4,9 @@ bench/soak.py (long runs).
 One random operation at a time — add a request (random prompt and SamplingParams: greedy
 or seeded sampling only, so outputs are reproducible), abort one (no output yet, streaming,
 just finished, finished earlier, never seen), step(), arm an injected fault (the runner's
-forward or a user's logits processor raises once; the failed step must change nothing and
+forward or a user's logits processor raises once, the batch manager's schedule throws at one
+of its points, or a real Ctrl-C arrives during the forward, the sampler, the update or the
+outputs; a failed step must change nothing, an interrupted one is undone or completes, and
 the next one continues), or an invalid add_request (ValueError, nothing changes) — applied
 in lockstep to one engine per mode (overlap off, on) over a small KV pool under
 max_utilization with chunked prefill. The first engine's public state drives the random
@@ -25,9 +27,11 @@ longer (and the logprobs likewise).
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import traceback
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +42,10 @@ from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
 STOP_STRINGS = ["e", "a", "o", "in", "re", "ing", "ed", " t", "s ", ".", "low", "ck", "er", "th"]
 SALTS = [None, None, "salt-a", "salt-b"]
 ABORT_KINDS = ("no_output", "streaming", "just_finished", "finished", "unknown")
+FAULTS = ("forward", "processor", "schedule", "interrupt")
+SCHEDULE_FAULT_POINTS = ("schedule.aborted", "schedule.capacity", "schedule.paused", "schedule.admitted",
+                         "schedule.prepared", "schedule.filled")
+INTERRUPT_PHASES = ("forward", "sample", "update", "respond")
 BAD_ADDS = ("empty_prompt", "token_outside_vocab", "too_long", "stop_token_outside_vocab")
 
 
@@ -124,7 +132,12 @@ class OpGenerator:
     def next(self, view: View) -> Op:
         r = self.rng.random()
         if r < 0.03:
-            return Op("fault", what=self.rng.choice(("forward", "processor")))
+            what = self.rng.choice(FAULTS)
+            if what == "schedule":
+                what = f"schedule:{self.rng.choice(SCHEDULE_FAULT_POINTS)}"
+            elif what == "interrupt":
+                what = f"interrupt:{self.rng.choice(INTERRUPT_PHASES)}"
+            return Op("fault", what=what)
         if r < 0.045:
             return Op("bad_add", what=self.rng.choice(BAD_ADDS))
         if r < 0.13:
@@ -196,26 +209,46 @@ class OpGenerator:
 
 
 class FaultInjector:
-    """Arms a one-shot fault: the runner's forward, or the next call of a soak logits
-    processor, raises Injected. Counts the faults that fired."""
+    """Arms a one-shot fault: the runner's forward or the next call of a soak logits processor
+    raises Injected; the batch manager's schedule throws at a point ("schedule:<point>",
+    BatchManager::inject_fault); or a real Ctrl-C (SIGINT) arrives during a phase of the step
+    ("interrupt:<phase>"). Counts the faults that fired, by kind."""
 
     def __init__(self, engine: Engine) -> None:
-        self.armed = {"forward": False, "processor": False}
+        self.engine = engine
+        self.armed: dict[str, bool] = defaultdict(bool)
         self.fired: Counter = Counter()
-        runner = engine._runner
-        original = runner.forward
+        loop = engine._loop
+        self._wrap(engine._runner, "forward", "forward")
+        for phase, (owner, name) in {"forward": (engine._runner, "forward"), "sample": (engine._sampler, "sample"),
+                                     "update": (loop, "_update"), "respond": (loop, "_respond")}.items():
+            self._wrap(owner, name, f"interrupt:{phase}")
 
-        def forward(*args, **kwargs):
-            self._maybe_fire("forward")
+    def _wrap(self, owner, name: str, what: str) -> None:
+        original = getattr(owner, name)
+
+        def wrapped(*args, **kwargs):
+            self._maybe_fire(what)
             return original(*args, **kwargs)
 
-        runner.forward = forward
+        setattr(owner, name, wrapped)
+
+    def arm(self, what: str) -> None:
+        if what.startswith("schedule:"):  # fires in the next step's schedule (every step has one)
+            self.engine._bm._inject_fault(what.partition(":")[2])
+            self.armed["schedule"] = True
+        else:
+            self.armed[what] = True
 
     def _maybe_fire(self, what: str) -> None:
         if self.armed[what]:
             self.armed[what] = False
-            self.fired[what] += 1
-            raise Injected(f"injected {what} failure")
+            kind = what.partition(":")[0]
+            self.fired[kind] += 1
+            if kind == "interrupt":
+                os.kill(os.getpid(), signal.SIGINT)  # raised where the step lets it through
+            else:
+                raise Injected(f"injected {what} failure")
 
     def processor(self, kind: str, ban: int) -> Callable:
         def hook(ids, row):
@@ -286,6 +319,7 @@ class Counts:
     ops: Counter = field(default_factory=Counter)
     steps: int = 0
     failed_steps: int = 0
+    interrupted_steps: int = 0   # a Ctrl-C reached the caller from step()
     finished: Counter = field(default_factory=Counter)   # by finish reason
     aborts: Counter = field(default_factory=Counter)     # (view kind, accepted) -> n
     bad_adds: int = 0
@@ -327,7 +361,7 @@ class SoakRun:
         elif op.kind == "abort":
             self.abort(op)
         elif op.kind == "fault":
-            self.faults.armed[op.what] = True
+            self.faults.arm(op.what)
         elif op.kind == "bad_add":
             self.bad_add(op.what)
         else:
@@ -397,12 +431,28 @@ class SoakRun:
 
     def step(self) -> bool:
         engine = self.engine
+        fired = sum(self.faults.fired.values())
+        if self.faults.armed["schedule"]:
+            self.faults.armed["schedule"] = False
+            self.faults.fired["schedule"] += 1
         try:
             outs = engine.step()
-        except Injected:
-            self.counts.failed_steps += 1
+        except (Injected, RuntimeError, KeyboardInterrupt) as e:
+            if isinstance(e, RuntimeError) and not isinstance(e, Injected) and "injected fault at schedule." not in str(e):
+                raise
+            # A KeyboardInterrupt: the step was undone (forward, sampler), or it completed and
+            # its outputs come with the next step. Several faults may fire in one step (Ctrl-Cs
+            # coalesce, as signals do); none fires unseen.
+            if sum(self.faults.fired.values()) == fired:
+                self.fail(f"step() raised {type(e).__name__} but no injected fault fired: {e}")
+            if isinstance(e, KeyboardInterrupt):
+                self.counts.interrupted_steps += 1
+            else:
+                self.counts.failed_steps += 1
             engine.check_resources()
             return False
+        if sum(self.faults.fired.values()) != fired:
+            self.fail(f"a fault fired ({self.faults.fired}) but step() succeeded")
         self.counts.steps += 1
         self.just_finished = []
         for o in outs:  # with overlap a request may get two (a token, then its abort)

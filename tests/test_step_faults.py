@@ -220,3 +220,25 @@ def test_an_application_sigint_handler_runs_where_the_interrupt_is_let_through(l
         assert got == reference
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_held_during_a_step_that_then_fails_is_not_lost(llama_dir, reference):
+    """Overlap: a Ctrl-C arrives while the previous step's update runs (held back), then the
+    schedule fails. The caller gets the KeyboardInterrupt (the failure as its context), and
+    the run continues to the same outputs."""
+    engine = make_engine(llama_dir, overlap=True)
+    ids = [engine.add_request(p, sp) for p, sp in zip(PROMPTS, params())]
+    for _ in range(3):
+        engine.step()
+    CtrlC(engine, "update").arm()
+    engine._bm._inject_fault("schedule.admitted")
+    with pytest.raises(KeyboardInterrupt) as info:
+        engine.step()
+    assert "injected fault at schedule.admitted" in str(info.value.__context__)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+    engine.check_resources()
+    got = {i: (finals[rid].token_ids, finals[rid].logprobs, finals[rid].prompt_logprobs) for i, rid in enumerate(ids)}
+    assert got == reference

@@ -93,8 +93,12 @@ class StepLoop:
         # on a GPU, everything a step does on the device (sampler state, sampling, token copies)
         # goes on the execution stream, ordered after the forward
         gate = InterruptGate()  # Ctrl-C lands only in the forward/sampler windows, or after the step
-        with self.runner.stream_context(), gate:
-            outputs = self._step_overlap(gate) if self._pool is not None else self._step_plain(gate)
+        try:
+            with self.runner.stream_context(), gate:
+                outputs = self._step_overlap(gate) if self._pool is not None else self._step_plain(gate)
+        except BaseException:
+            gate.deliver()  # a Ctrl-C held back during a step that then failed is not lost
+            raise
         if gate.held:  # it arrived during the step's bookkeeping: the step is complete
             self._pending_outputs = outputs + self._pending_outputs  # the next step delivers them
             gate.deliver()
