@@ -1,5 +1,6 @@
 """The randomized soak of tests/test_soak.py, long: random add_request / abort_request /
-step() / injected faults through the public API on a small KV pool under max_utilization
+step() / injected faults (forward, logits processor, the batch manager's schedule, real
+Ctrl-Cs) through the public API on a small KV pool under max_utilization
 with chunked prefill, checked after every operation (see tests/soak_ops.py, which both
 use). With --overlap both, the same operations run in lockstep on an engine without and
 one with overlap, and every request's final output is compared between them.
@@ -45,7 +46,8 @@ def vm_rss_kib() -> int:
 def summary(name: str, run: SoakRun) -> str:
     c = run.counts
     aborts = ", ".join(f"{kind} {verdict} {n}" for (kind, verdict), n in sorted(c.aborts.items()))
-    return (f"  {name}: {c.steps} steps ({c.failed_steps} failed by injection), faults fired "
+    return (f"  {name}: {c.steps} steps ({c.failed_steps} failed by injection, {c.interrupted_steps} interrupted by "
+            f"Ctrl-C), faults fired "
             f"{dict(sorted(run.faults.fired.items()))}, requests {run.num_added} (finished "
             f"{dict(sorted(c.finished.items()))}), bad add_requests refused {c.bad_adds}, final texts re-decoded "
             f"{c.redecoded}\n"
