@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from soak_ops import _frozen, logprobs_close
 from test_atomic_step import PROMPTS, Injected, params, snapshot
 
 from pyengine import Engine, KvCacheConfig, SchedulerConfig
@@ -242,3 +243,60 @@ def test_a_ctrl_c_held_during_a_step_that_then_fails_is_not_lost(llama_dir, refe
     engine.check_resources()
     got = {i: (finals[rid].token_ids, finals[rid].logprobs, finals[rid].prompt_logprobs) for i, rid in enumerate(ids)}
     assert got == reference
+
+
+class BrokenDetokenizer(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("victim, at_token", [(0, 3), (2, 1), (3, 27)])  # 3: its last token (max_tokens 28)
+def test_an_output_that_fails_to_build_ends_its_request_only(llama_dir, reference, overlap, victim, at_token):
+    """The step is committed when outputs are built: a request whose output fails (here its
+    detokenizer raises) ends with finish_reason "abort"; the error reaches the caller once the
+    step is complete, and every other request finishes exactly as without the fault."""
+    engine = make_engine(llama_dir, overlap)
+    ids = [engine.add_request(p, sp) for p, sp in zip(PROMPTS, params())]
+    state = {"armed": True}
+
+    def watch(outs):
+        rec = engine._requests.records.get(engine._requests.core_id(ids[victim]))
+        if state["armed"] and rec is not None and len(rec.token_ids) == at_token - 1 and \
+                not hasattr(rec.detokenizer, "_patched"):
+            original = rec.detokenizer.add
+
+            def broken(*args, **kwargs):
+                if state["armed"]:
+                    state["armed"] = False
+                    raise BrokenDetokenizer("detokenizer failed")
+                return original(*args, **kwargs)
+            rec.detokenizer.add = broken
+            rec.detokenizer._patched = True
+
+    finals, raised = {}, 0
+    watch(None)
+    while engine.has_unfinished_requests():
+        try:
+            outs = engine.step()
+        except BrokenDetokenizer:
+            raised += 1
+            engine.check_resources()
+            continue
+        for o in outs:
+            assert o.request_id not in finals, "an output after the final one"
+            if o.finished:
+                finals[o.request_id] = o
+        watch(outs)
+    assert raised == 1 and not state["armed"]
+    engine.check_resources()
+    final = finals[ids[victim]]
+    if overlap:  # the next step, already in flight, may still give it a token (and end it by length)
+        assert final.finish_reason in ("abort", "length") and len(final.token_ids) in (at_token, at_token + 1)
+    else:
+        assert final.finish_reason == "abort" and len(final.token_ids) == at_token
+    for i, rid in enumerate(ids):
+        if i != victim:  # (the batches change shape without the victim: logprobs to 4 decimals)
+            tokens, logprobs, prompt_logprobs = reference[i]
+            assert finals[rid].token_ids == tokens
+            assert logprobs_close(_frozen(finals[rid].logprobs), _frozen(logprobs))
+            assert logprobs_close(_frozen(finals[rid].prompt_logprobs), _frozen(prompt_logprobs))

@@ -26,6 +26,7 @@ raised when the step has completed; that step's outputs come with the next step.
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from pyengine.engine.requests import RequestTable
 from pyengine.runtime.model_runner import Forwarded, ModelRunner
 from pyengine.sampling import SampleResult, Sampler
 from pyengine.sampling.logprobs import PromptRows, prompt_logprob_rows, record_prompt_logprobs
+
+logger = logging.getLogger("pyengine")
 
 # The C++ FinishReason values -> the finish_reason users see.
 FINISH_REASONS: dict[int, str] = {int(FinishReason.kEndId): "stop", int(FinishReason.kStopToken): "stop",
@@ -70,6 +73,7 @@ class StepLoop:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyengine-forward") if overlap else None
         self._inflight: tuple[Batch, Forwarded, SampleResult] | None = None  # sampled, not yet updated
         self._unresponded: list[UpdateItem] | None = None  # updated (overlap), outputs not yet built
+        self._output_error: Exception | None = None  # an output that failed to build this step
         self._pending_outputs: list[RequestOutput] = []  # owed by a step that failed
         self.reset_timings()
 
@@ -99,9 +103,12 @@ class StepLoop:
         except BaseException:
             gate.deliver()  # a Ctrl-C held back during a step that then failed is not lost
             raise
-        if gate.held:  # it arrived during the step's bookkeeping: the step is complete
-            self._pending_outputs = outputs + self._pending_outputs  # the next step delivers them
-            gate.deliver()
+        error, self._output_error = self._output_error, None
+        if gate.held or error is not None:  # the step is complete: the next step delivers its outputs
+            self._pending_outputs = outputs + self._pending_outputs
+            gate.deliver()  # a Ctrl-C during the step's bookkeeping
+            if error is not None:
+                raise error
             outputs, self._pending_outputs = self._pending_outputs, []  # the handler did not raise
         return outputs
 
@@ -270,36 +277,62 @@ class StepLoop:
 
     def _respond(self, items: list[UpdateItem]) -> list[RequestOutput]:
         """Outputs of an updated step: text, stop strings (which end a request early), logprobs,
-        metrics."""
+        metrics. The step is committed: a request whose output fails to build (its detokenizer
+        raised, say) ends with finish_reason "abort", the others' outputs are built, and the
+        error reaches the caller once the step is complete (`_output_error`)."""
         outputs = []
-        for core_id, token, reason, logprobs, metrics in items:
-            rec = self.table.records[core_id]
-            done = metrics is not None
-            new_text, stopped = rec.append_token(token, logprobs, final=done)
-            if stopped and not done:
-                now = time.monotonic()
-                if self.bm.finish_stopped(core_id, now):
-                    metrics = self.bm.request_metrics(core_id)
-                    if metrics["seq_slot"] >= 0:  # none if this call's schedule paused it (overlap)
-                        self.sampler.release_slot(metrics["seq_slot"])
-                else:
-                    # Overlap: the caller aborted the request after this token was sampled, and
-                    # this step's schedule has already dropped it (slot and blocks are back).
-                    # The stop string came first, as it would have without overlap: the request
-                    # ends by it, and no abort output follows (_abort_outputs skips it).
-                    rec.metrics.finish_time = now
-                    self.table.remove(core_id)
-                    outputs.append(rec.output([token], new_text, True, "stop"))
-                    continue
-            if metrics is None:
-                outputs.append(rec.output([token], new_text, False, None))
-                continue
-            rec.metrics = metrics_from_core(metrics)
-            if not stopped and metrics["stop_token"] >= 0:
-                rec.stop_reason = metrics["stop_token"]
-            self.table.remove(core_id)
-            outputs.append(rec.output([token], new_text, True, "stop" if stopped else FINISH_REASONS[reason]))
+        for item in items:
+            try:
+                out = self._respond_one(*item)
+            except Exception as e:  # noqa: BLE001 - kept and raised by step() once the step is complete
+                out = self._end_failed_output(item[0], e)
+            if out is not None:
+                outputs.append(out)
         return outputs
+
+    def _end_failed_output(self, core_id: int, error: Exception) -> RequestOutput | None:
+        logger.error("building the output of request %s failed; it ends with finish_reason 'abort'",
+                     self.table.records[core_id].request_id if core_id in self.table else core_id, exc_info=error)
+        if self._output_error is None:
+            self._output_error = error
+        rec = self.table.records.get(core_id)
+        if rec is None:
+            return None
+        if self.bm.abort_request(core_id):  # still running: the next schedule drops it (its final output then)
+            slot = self.bm.request_metrics(core_id)["seq_slot"]
+            if slot >= 0:
+                self.sampler.release_slot(slot)
+            return None
+        self.table.remove(core_id)  # finished in the C++ core: its final output is owed now
+        rec.metrics.finish_time = time.monotonic()
+        return rec.output([], "", True, "abort")
+
+    def _respond_one(self, core_id: int, token: int, reason: int, logprobs: dict[int, float] | None,
+                     metrics: dict | None) -> RequestOutput | None:
+        rec = self.table.records[core_id]
+        done = metrics is not None
+        new_text, stopped = rec.append_token(token, logprobs, final=done)
+        if stopped and not done:
+            now = time.monotonic()
+            if self.bm.finish_stopped(core_id, now):
+                metrics = self.bm.request_metrics(core_id)
+                if metrics["seq_slot"] >= 0:  # none if this call's schedule paused it (overlap)
+                    self.sampler.release_slot(metrics["seq_slot"])
+            else:
+                # Overlap: the caller aborted the request after this token was sampled, and
+                # this step's schedule has already dropped it (slot and blocks are back).
+                # The stop string came first, as it would have without overlap: the request
+                # ends by it, and no abort output follows (_abort_outputs skips it).
+                rec.metrics.finish_time = now
+                self.table.remove(core_id)
+                return rec.output([token], new_text, True, "stop")
+        if metrics is None:
+            return rec.output([token], new_text, False, None)
+        rec.metrics = metrics_from_core(metrics)
+        if not stopped and metrics["stop_token"] >= 0:
+            rec.stop_reason = metrics["stop_token"]
+        self.table.remove(core_id)
+        return rec.output([token], new_text, True, "stop" if stopped else FINISH_REASONS[reason])
 
     def _abort_outputs(self, events: dict) -> list[RequestOutput]:
         """Final outputs of the requests the schedule dropped (after any output of theirs from
