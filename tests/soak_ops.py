@@ -27,7 +27,6 @@ longer (and the logprobs likewise).
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import traceback
@@ -246,7 +245,7 @@ class FaultInjector:
             kind = what.partition(":")[0]
             self.fired[kind] += 1
             if kind == "interrupt":
-                os.kill(os.getpid(), signal.SIGINT)  # raised where the step lets it through
+                signal.raise_signal(signal.SIGINT)  # synchronous; raised where the step lets it through
             else:
                 raise Injected(f"injected {what} failure")
 

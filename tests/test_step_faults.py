@@ -6,7 +6,6 @@ a run without the fault."""
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -31,7 +30,7 @@ def make_engine(model_dir, overlap: bool) -> Engine:
 
 def interrupt() -> None:
     """A real Ctrl-C: SIGINT to this process (Python runs its handler in the main thread)."""
-    os.kill(os.getpid(), signal.SIGINT)
+    signal.raise_signal(signal.SIGINT)  # delivered to this thread now (a kill() may reach another thread, later)
 
 
 class Fault:
