@@ -25,9 +25,11 @@
 #      Without .whl/ it installs ".[test]", so pip adds any missing runtime or test
 #      dependency (transformers, pytest, ...) and leaves those present as they are; with
 #      .whl/ (offline) it installs "." with --no-deps, so the Python must already have them.
-#   2. tests/test_cuda_build.py and tests/gpu/ (kernel tests against PyTorch and, for the
-#      quantized linear layer, an fp64 reference; end-to-end
-#      greedy equality with transformers on the GPU, CUDA graphs on/off, overlap, fp8 KV, ...);
+#   2. tests/test_cuda_build.py, tests/test_attention_workspace.py and tests/gpu/ (kernel tests
+#      against PyTorch and, for the quantized linear layer, an fp64 reference; end-to-end
+#      greedy equality with transformers on the GPU, CUDA graphs on/off, overlap, fp8 KV,
+#      several kernels' shared-memory opt-ins in one process, fp32 / head_dim 256 engines with
+#      long prefills, cuda:1 on a machine with two GPUs (skipped with one), ...);
 #   3. bench/attention_cuda.py (decode attention bandwidth vs the GPU's, prefill vs SDPA), and
 #      bench/quant_linear_cuda.py (the weight-only quantized linear layer's bandwidth per format);
 #   4. bench/gpu_throughput.py (W1 on a Qwen3-0.6B-shaped model vs transformers; see
@@ -140,7 +142,8 @@ echo "build: $(( $(date +%s) - start )) s"
   || exit 3
 
 echo "== tests"
-timeout 300 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda_build.py tests/gpu \
+timeout 480 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda_build.py tests/test_attention_workspace.py \
+  tests/gpu \
   --junitxml="$out/gpu_tests.xml"
 tests_rc=$?
 echo "tests exit status: $tests_rc"

@@ -30,7 +30,7 @@ def attention_args(**over):
         query_start_loc=ADDR, seq_lens=ADDR, block_tables=ADDR, num_seqs=4, num_tokens=4,
         max_blocks_per_seq=8, num_heads=16, num_kv_heads=8, head_dim=128, tokens_per_block=16,
         scale=0.125, sliding_window=0, max_query_len=1, max_context_len=128, workspace=ADDR,
-        workspace_bytes=1 << 30, stream=0,
+        workspace_bytes=1 << 30, device=0, stream=0,
     )
     args.update(over)
     return args
@@ -41,7 +41,7 @@ def store_args(**over):
         key=ADDR, value=ADDR, key_row_stride=8 * 128, value_row_stride=8 * 128, src_dtype=BF16,
         k_cache=ADDR, v_cache=ADDR, cache_dtype=BF16, k_scale=1.0, v_scale=1.0,
         slot_mapping=ADDR, num_tokens=4, num_kv_heads=8, head_dim=128, tokens_per_block=16,
-        stream=0,
+        device=0, stream=0,
     )
     args.update(over)
     return args
@@ -69,7 +69,8 @@ def test_workspace_bytes():
     big = ws(64, 16, 128, 32768)
     assert big > 0 and big % 16 == 0
     assert ws(64, 16, 128, 65536) == big  # bounded split count
-    assert ws(100000, 32, 128, 32768) == 0  # prefill-sized batches never split
+    # enough for every batch of at most num_tokens rows, however many: at most ~1024 rows' worth
+    assert ws(100000, 32, 128, 32768) == ws(512, 32, 128, 32768) <= 1024 * 32 * 130 * 4
     with pytest.raises(ValueError, match="num_tokens"):
         ws(-1, 16, 128, 4096)
     with pytest.raises(ValueError, match="max_context_len"):
@@ -109,11 +110,26 @@ def test_workspace_bytes():
         (dict(out_row_stride=100), "out_row_stride"),
         (dict(max_context_len=32768, workspace_bytes=16), "workspace_bytes"),
         (dict(max_context_len=32768, workspace=0), "workspace"),
+        (dict(device=-1), "device"),
     ],
 )
 def test_paged_attention_rejects(over, name):
     with pytest.raises(ValueError, match=rf"^{name}:"):
         attention(**over)
+
+
+def test_only_split_k_batches_need_the_workspace():
+    # device=-1 is refused right after the workspace check, before any CUDA call: reaching it
+    # means the workspace was accepted
+    prefill = dict(num_tokens=400, max_query_len=100, max_context_len=32768, workspace=0, workspace_bytes=0,
+                   device=-1)
+    with pytest.raises(ValueError, match=r"^device: must be >= 0"):
+        attention(**prefill, q_dtype=BF16, cache_dtype=BF16)  # tensor cores: no workspace
+    with pytest.raises(ValueError, match=r"^workspace_bytes: 0 is less than the \d+ bytes this batch needs"):
+        attention(**prefill, q_dtype=FP32, cache_dtype=FP32)  # fp32 prefill: split-K
+    with pytest.raises(ValueError, match=r"^workspace_bytes:"):
+        attention(**prefill, q_dtype=BF16, cache_dtype=BF16, head_dim=256, out_row_stride=16 * 256,
+                  query_row_stride=16 * 256)  # head_dim 256 prefill: split-K
 
 
 def test_paged_attention_empty_batch_launches_nothing():
@@ -141,6 +157,7 @@ def test_paged_attention_empty_batch_launches_nothing():
         (dict(k_cache=0), "k_cache"),
         (dict(v_cache=0), "v_cache"),
         (dict(slot_mapping=0), "slot_mapping"),
+        (dict(device=-1), "device"),
     ],
 )
 def test_store_kv_rejects(over, name):

@@ -18,21 +18,22 @@ bool cuda_kernels_built() { return false; }
 const char* cuda_architectures() { return ""; }
 
 void store_kv(const void*, const void*, int64_t, int64_t, DType, void*, void*, DType, float, float,
-              const int32_t*, int32_t, int32_t, int32_t, int32_t, void*) {
+              const int32_t*, int32_t, int32_t, int32_t, int32_t, int32_t, void*) {
   not_built();
 }
 
-size_t paged_attention_workspace_bytes(int32_t, int32_t, int32_t, int32_t) { not_built(); }
+// (the workspace arithmetic, paged_attention_workspace_bytes and the rest, is
+// kernels/cuda/attention_workspace.cpp, built in every build)
 
 void paged_attention(void*, int64_t, const void*, int64_t, DType, const void*, const void*, DType,
                      float, float, const int32_t*, const int32_t*, const int32_t*, int32_t, int32_t,
                      int32_t, int32_t, int32_t, int32_t, int32_t, float, int32_t, int32_t, int32_t,
-                     void*, size_t, void*) {
+                     void*, size_t, int32_t, void*) {
   not_built();
 }
 
 void linear_quant(void*, int64_t, const void*, int64_t, DType, int32_t, const void*, QuantType, int32_t, int32_t,
-                  const void*, void*) {
+                  const void*, int32_t, void*) {
   not_built();
 }
 

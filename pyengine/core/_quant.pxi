@@ -87,17 +87,17 @@ def _linear_quant(uintptr_t y, int64_t ldy, uintptr_t x, int64_t ldx, int32_t M,
 
 
 # The GPU's weight-only quantized linear layer (csrc/include/pyengine/cuda_quant.h); device
-# addresses, the activations' DType as an int, the stream as an address. In a build without
-# CUDA it raises RuntimeError.
+# addresses, the activations' DType as an int, the CUDA device index of the addresses, the
+# stream as an address. In a build without CUDA it raises RuntimeError.
 cdef extern from "pyengine/cuda_quant.h" namespace "pyengine::kernels::cuda" nogil:
     void cuda_linear_quant "pyengine::kernels::cuda::linear_quant" (
         void* y, int64_t ldy, const void* x, int64_t ldx, DType dtype, int32_t M, const void* weight,
-        QuantType type, int32_t N, int32_t K, const void* bias, void* stream) except +
+        QuantType type, int32_t N, int32_t K, const void* bias, int32_t device, void* stream) except +
 
 
 def _cuda_linear_quant(uintptr_t y, int64_t ldy, uintptr_t x, int64_t ldx, int dtype, int32_t M,
                        uintptr_t weight, int32_t type_id, int32_t N, int32_t K, uintptr_t bias,
-                       uintptr_t stream):
+                       int32_t device, uintptr_t stream):
     with nogil:
         cuda_linear_quant(<void*>y, ldy, <const void*>x, ldx, <DType>dtype, M, <const void*>weight,
-                          <QuantType>type_id, N, K, <const void*>bias, <void*>stream)
+                          <QuantType>type_id, N, K, <const void*>bias, device, <void*>stream)

@@ -2,10 +2,11 @@
 arguments and layouts; documented there).
 
 Every tensor lives on one CUDA device and each call launches on that device's current torch
-stream. The checks are metadata reads only (dtype, device, shape, strides) -- nothing reads a
-tensor's contents or synchronizes, so the calls can be captured in a CUDA graph. The C++ side
-validates the remaining host values and raises ``ValueError`` naming the argument; the index
-tensors' contents are trusted.
+stream, with that device made current in pyengine's own CUDA runtime for the call (whatever
+torch's current device is). The checks are metadata reads only (dtype, device, shape,
+strides) -- nothing reads a tensor's contents or synchronizes, so the calls can be captured in
+a CUDA graph. The C++ side validates the remaining host values and raises ``ValueError`` naming
+the argument; the index tensors' contents are trusted.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 
 import pyengine.core._core as _core
-from pyengine.dtypes import CACHE_CODES
+from pyengine.dtypes import ACTIVATION_CODES, CACHE_CODES
 from pyengine.layers._kernel_checks import attention_args, check_device, store_kv_args
 
 _FP8 = CACHE_CODES[torch.float8_e4m3fn]
@@ -55,17 +56,32 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
         key.data_ptr(), value.data_ptr(), a.key_stride, a.value_stride, a.src_code,
         k_cache.data_ptr(), v_cache.data_ptr(), a.cache_code, float(k_scale), float(v_scale),
         slot_mapping.data_ptr(), a.num_tokens, a.num_kv_heads, a.head_dim, a.tokens_per_block,
-        _stream(device),
+        device.index, _stream(device),
     )
+
+
+def split_k_rows(dtype: torch.dtype, head_dim: int, max_seqs: int, max_tokens: int) -> int:
+    """The most query rows of a batch that reaches the split-K (flash-decoding) kernel, for
+    batches of at most ``max_seqs`` sequences and ``max_tokens`` tokens of ``dtype`` activations:
+    the decode batches' ``max_seqs`` where prefill goes to the tensor-core kernel (bfloat16,
+    float16 with head_dim 64/128), every batch's ``max_tokens`` where it cannot (float32,
+    head_dim 256). Size :func:`paged_attention_workspace` with it."""
+    return _core._cuda_paged_attention_split_k_rows(
+        ACTIVATION_CODES[dtype], int(head_dim), int(max_seqs), int(max_tokens))
+
+
+def workspace_bytes(num_tokens: int, num_heads: int, head_dim: int, max_context_len: int) -> int:
+    """Bytes of :func:`paged_attention_workspace` (0: none needed)."""
+    return _core._cuda_paged_attention_workspace_bytes(
+        int(num_tokens), int(num_heads), int(head_dim), int(max_context_len))
 
 
 def paged_attention_workspace(num_tokens: int, num_heads: int, head_dim: int, max_context_len: int,
                               device) -> torch.Tensor:
-    """A uint8 scratch tensor large enough for :func:`paged_attention` on batches of at most
-    ``num_tokens`` query rows whose KV lengths are at most ``max_context_len``."""
-    nbytes = _core._cuda_paged_attention_workspace_bytes(
-        int(num_tokens), int(num_heads), int(head_dim), int(max_context_len)
-    )
+    """A uint8 scratch tensor large enough for :func:`paged_attention` on every batch of at most
+    ``num_tokens`` query rows that reaches the split-K kernel (see :func:`split_k_rows`) whose
+    KV lengths are at most ``max_context_len``."""
+    nbytes = workspace_bytes(num_tokens, num_heads, head_dim, max_context_len)
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
@@ -98,6 +114,6 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         query_start_loc.data_ptr(), seq_lens.data_ptr(), block_tables.data_ptr(),
         a.num_seqs, a.num_tokens, block_tables.shape[1], a.num_heads, a.num_kv_heads, a.head_dim,
         a.tokens_per_block, float(scale), int(sliding_window), int(max_query_len),
-        int(max_context_len), workspace.data_ptr(), workspace.numel(), _stream(device),
+        int(max_context_len), workspace.data_ptr(), workspace.numel(), device.index, _stream(device),
     )
     return a.out

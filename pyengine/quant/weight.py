@@ -275,7 +275,7 @@ class QuantizedWeight:
         for fmt, data, row, rows in self._row_groups():
             b = 0 if bias is None else bias[row:].data_ptr()
             _core._cuda_linear_quant(out[:, row:].data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), codes[x.dtype],
-                                     m, data.data_ptr(), fmt.type_id, rows, self.k, b, stream)
+                                     m, data.data_ptr(), fmt.type_id, rows, self.k, b, x.device.index, stream)
         return out
 
     def __repr__(self) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from pyengine.core._core import CoreBatchManager
-from pyengine.layers.attention import paged_attention_workspace
+from pyengine.layers._attention_cuda import split_k_rows, workspace_bytes
 from pyengine.layers.fused_decode import CpuDecodeLayers
 from pyengine.models import AttentionMetadata, LlamaFamilyModel
 
@@ -36,6 +36,18 @@ _BUFFERS = {"input_ids": torch.int32, "positions": torch.int32, "slot_mapping": 
             "query_start_loc": torch.int32, "seq_lens": torch.int32, "block_tables": torch.int32,
             "logits_indices": torch.int32, "logits_slots": torch.int32, "seq_slots": torch.int32,
             "request_ids": torch.int64}
+
+
+def split_k_workspace_bytes(dtype: torch.dtype, num_heads: int, head_dim: int, max_batch_size: int,
+                            max_num_tokens: int, max_seq_len: int) -> int:
+    """The CUDA attention's split-K scratch an engine needs, sized for the largest batch that
+    reaches the split-K kernel: the decode batches' max_batch_size rows where prefill takes the
+    tensor-core kernel (bf16/fp16, head_dim 64/128); every batch -- a prefill of max_num_tokens
+    tokens, as the KV-capacity estimate's dummy batch is -- where it cannot (fp32, head_dim 256).
+    Either way at most about 1024 rows' worth of partial results (the kernel stops splitting
+    beyond): a few MiB to tens of MiB."""
+    rows = split_k_rows(dtype, head_dim, max_batch_size, max_num_tokens)
+    return workspace_bytes(rows, num_heads, head_dim, max_seq_len)
 
 
 @dataclass
@@ -105,10 +117,9 @@ class ModelRunner:
         for view in uploaded.values():
             self._register(view)
         self.dev = {name: torch.zeros_like(view, device=self.device) for name, view in uploaded.items()}
-        # Split-K scratch of decode attention: decode batches have at most max_batch_size rows
-        # (prefill batches use the tiled kernel, which needs none).
-        self.workspace = paged_attention_workspace(
-            self.max_batch_size, c.num_heads, c.head_dim, self.max_seq_len, self.device)
+        nbytes = split_k_workspace_bytes(self.model.dtype, c.num_heads, c.head_dim, self.max_batch_size,
+                                         self.max_num_tokens, self.max_seq_len)
+        self.workspace = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         self._host_tokens = [torch.empty(self.max_num_tokens, dtype=torch.int32).pin_memory() for _ in range(2)]
         self._host_turn = 0
 

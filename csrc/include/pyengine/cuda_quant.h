@@ -3,8 +3,10 @@
 // read in their llama.cpp row layout from device memory and dequantized on the fly; the
 // activations stay in their floating-point type and the sums are fp32.
 //
-// Every pointer is a *device* pointer; the launch goes on `stream` (a cudaStream_t passed as
-// void*); nothing synchronizes or allocates, so a call can be captured in a CUDA graph.
+// Every pointer is a *device* pointer of CUDA device `device`; the launch goes on `stream` (a
+// cudaStream_t of that device, passed as void*), with that device made current for the call;
+// nothing synchronizes or allocates, so a call can be captured in a CUDA graph. It needs a GPU
+// of compute capability 8.0 or newer (std::runtime_error naming the device otherwise).
 // Errors: invalid arguments throw std::invalid_argument naming the argument; a failed launch
 // throws std::runtime_error with CUDA's message. In a build without CUDA it throws
 // std::runtime_error saying so.
@@ -24,6 +26,6 @@ namespace pyengine::kernels::cuda {
 // to 8 rows of x per pass: reads the weights once per 8 rows of x (a GEMV at M = 1; larger M
 // repeats the pass, with no tensor-core tiles yet).
 void linear_quant(void* y, int64_t ldy, const void* x, int64_t ldx, DType dtype, int32_t M, const void* weight,
-                  QuantType type, int32_t N, int32_t K, const void* bias, void* stream);
+                  QuantType type, int32_t N, int32_t K, const void* bias, int32_t device, void* stream);
 
 }  // namespace pyengine::kernels::cuda

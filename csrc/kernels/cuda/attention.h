@@ -8,19 +8,13 @@
 #include <cstdint>
 
 #include "pyengine/kernels.h"
+#include "split_k_plan.h"  // kMinSplitTokens, max_splits, choose_kernel, ...
 
 namespace pyengine::kernels::cuda::detail {
 
 // Query heads of one KV head handled together by one decode CTA (a larger GQA group is cut
 // into chunks of this many heads; each chunk reads the KV head's cache once).
 constexpr int kDecodeMaxGroup = 8;
-// Smallest piece of context one split of flash-decoding handles, in tokens.
-constexpr int kMinSplitTokens = 256;
-// Most splits of one query row.
-constexpr int kMaxSplits = 32;
-// Split-K is only used while num_tokens * splits stays within this many rows, which bounds the
-// workspace (about kSplitRowBudget * num_heads * (head_dim + 2) * 4 bytes).
-constexpr int kSplitRowBudget = 1024;
 
 struct AttnArgs {
   void* out;
@@ -54,9 +48,6 @@ struct AttnArgs {
 inline int64_t prefill_m_blocks(int32_t max_query_len, int32_t group) {
   return (static_cast<int64_t>(max_query_len) * group + 63) / 64;
 }
-
-// Most splits a batch of `num_tokens` rows may use (sizes the workspace).
-int max_splits(int32_t num_tokens, int32_t max_context_len);
 
 // The SIMT flash-decoding kernel: one CTA per (query row, KV head chunk, split). Serves decode
 // batches, fp32 activations and head_dim 256 prefill (one row per CTA, causal per row).

@@ -13,6 +13,7 @@
 #include <cute/tensor.hpp>
 
 #include "pyengine/kernels.h"
+#include "smem_opt_in.h"
 
 namespace pyengine::kernels::cuda::detail {
 
@@ -130,17 +131,23 @@ inline int tokens_per_block_shift(int32_t tokens_per_block) {
   return -1;
 }
 
-// Opts a kernel into more than 48 KiB of dynamic shared memory once per device.
+// The process's record of kernel shared-memory opt-ins (one for every translation unit).
+inline SmemOptInRegistry& smem_opt_ins() {
+  static SmemOptInRegistry registry;
+  return registry;
+}
+
+// Opts `kernel` into `bytes` of dynamic shared memory on the current device, once per
+// (kernel, device) and size; nothing for sizes within the default 48 KiB.
 template <class Kernel>
 void allow_smem(Kernel kernel, int bytes) {
-  if (bytes <= 48 * 1024) return;
-  static int done_mask = 0;  // bit d: done on device d (benign race: the call is idempotent)
+  if (bytes <= kDefaultDynamicSmemBytes) return;
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  if (dev < 31 && (__atomic_load_n(&done_mask, __ATOMIC_ACQUIRE) & (1 << dev))) return;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-             "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  if (dev < 31) __atomic_fetch_or(&done_mask, 1 << dev, __ATOMIC_ACQ_REL);
+  smem_opt_ins().ensure(reinterpret_cast<const void*>(kernel), dev, bytes, [&] {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+               "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  });
 }
 
 }  // namespace pyengine::kernels::cuda::detail

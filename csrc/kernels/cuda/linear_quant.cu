@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common.cuh"
+#include "device_guard.cuh"
 #include "pyengine/cuda_quant.h"
 
 namespace pyengine::kernels::cuda {
@@ -134,6 +135,17 @@ void launch(void* y, int64_t ldy, const void* x, int64_t ldx, int32_t M, const v
       N, K, static_cast<const E*>(bias));
 }
 
+// The layouts the GPU reads: the plain (llama.cpp row) ones.
+bool plain_layout(QuantType type) {
+  switch (type) {
+    case QuantType::kQ8_0: case QuantType::kQ5_0: case QuantType::kQ4_0:
+    case QuantType::kQ4_Z: case QuantType::kQ4_K: case QuantType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
 template <class E>
 void launch_type(QuantType type, void* y, int64_t ldy, const void* x, int64_t ldx, int32_t M, const void* weight,
                  int64_t row_bytes, int32_t N, int32_t K, const void* bias, cudaStream_t stream) {
@@ -145,21 +157,26 @@ void launch_type(QuantType type, void* y, int64_t ldy, const void* x, int64_t ld
     case QuantType::kQ4_K: return launch<QuantType::kQ4_K, E>(y, ldy, x, ldx, M, weight, row_bytes, N, K, bias, stream);
     case QuantType::kQ6_K: return launch<QuantType::kQ6_K, E>(y, ldy, x, ldx, M, weight, row_bytes, N, K, bias, stream);
     default:
-      fail(std::string("type: ") + quant_format(type).name +
-           " is an interleaved (CPU) layout; the GPU reads the plain one (QuantizedWeight.plain())");
+      fail("type: not a plain layout");  // linear_quant checked plain_layout before
   }
 }
 
 }  // namespace
 
 void linear_quant(void* y, int64_t ldy, const void* x, int64_t ldx, DType dtype, int32_t M, const void* weight,
-                  QuantType type, int32_t N, int32_t K, const void* bias, void* stream) {
+                  QuantType type, int32_t N, int32_t K, const void* bias, int32_t device, void* stream) {
   if (y == nullptr || x == nullptr || weight == nullptr) fail("y/x/weight: must not be null");
   if (M < 1) fail("M: must be > 0, got " + std::to_string(M));
   if (N < 1) fail("N: must be > 0, got " + std::to_string(N));
   const int64_t row_bytes = quant_row_bytes(type, K);  // checks the type and K
   if (ldx < K) fail("ldx: must be >= K = " + std::to_string(K) + ", got " + std::to_string(ldx));
   if (ldy < N) fail("ldy: must be >= N = " + std::to_string(N) + ", got " + std::to_string(ldy));
+  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16 && dtype != DType::kFloat16)
+    fail("dtype: must be float32, bfloat16 or float16");
+  if (!plain_layout(type))
+    fail(std::string("type: ") + quant_format(type).name +
+         " is an interleaved (CPU) layout; the GPU reads the plain one (QuantizedWeight.plain())");
+  const DeviceGuard on_device(device);  // the first CUDA call
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case DType::kFloat32: launch_type<float>(type, y, ldy, x, ldx, M, weight, row_bytes, N, K, bias, s); break;

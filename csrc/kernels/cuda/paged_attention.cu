@@ -1,12 +1,14 @@
 // paged_attention front end: host-side validation (no device reads), the flash-decoding split
-// plan, and the choice between the tensor-core prefill kernel and the SIMT decode kernel.
-// Also cuda_kernels_built / cuda_architectures / paged_attention_workspace_bytes.
+// plan, and the launch of the kernel split_k_plan.h's choose_kernel picks (the tensor-core
+// prefill kernel or the SIMT decode kernel). Also cuda_kernels_built / cuda_architectures.
+// (The workspace arithmetic is attention_workspace.cpp, in every build.)
 #include <algorithm>
 #include <cmath>
 
 #include "../attention_checks.h"
 #include "attention.h"
 #include "common.cuh"
+#include "device_guard.cuh"
 #include "pyengine/cuda_kernels.h"
 
 #ifdef PYENGINE_HAVE_CUDA_CONFIG
@@ -19,21 +21,11 @@
 namespace pyengine::kernels::cuda {
 namespace detail {
 
-int max_splits(int32_t num_tokens, int32_t max_context_len) {
-  const int64_t by_len = (static_cast<int64_t>(max_context_len) + kMinSplitTokens - 1) /
-                         kMinSplitTokens;
-  const int64_t by_rows = kSplitRowBudget / std::max<int32_t>(1, num_tokens);
-  const int64_t n = std::min<int64_t>({kMaxSplits, by_len, by_rows});
-  return static_cast<int>(std::max<int64_t>(1, n));
-}
-
 namespace {
 
-// Multiprocessor count of the current device, queried once per device.
-int sm_count() {
+// Multiprocessor count of device `dev`, queried once per device.
+int sm_count(int dev) {
   static int cached[64] = {};
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   if (dev >= 0 && dev < 64) {
     const int c = __atomic_load_n(&cached[dev], __ATOMIC_RELAXED);
     if (c > 0) return c;
@@ -47,12 +39,12 @@ int sm_count() {
 }
 
 // Splits per row: enough CTAs for about 8 per SM, each split at least kMinSplitTokens long.
-void plan_splits(AttnArgs& a, int32_t max_context_len) {
+void plan_splits(AttnArgs& a, int32_t max_context_len, int device) {
   const int cap = max_splits(a.num_tokens, max_context_len);
   int ns = 1;
   if (cap > 1) {
     const int64_t ctas = static_cast<int64_t>(a.num_tokens) * a.num_kv_heads * a.head_chunks;
-    const int64_t want = (static_cast<int64_t>(sm_count()) * 8 + ctas - 1) / ctas;
+    const int64_t want = (static_cast<int64_t>(sm_count(device)) * 8 + ctas - 1) / ctas;
     ns = static_cast<int>(std::clamp<int64_t>(want, 1, cap));
   }
   // Split length: a multiple of 128 (every decode KV tile divides it).
@@ -73,18 +65,6 @@ bool cuda_kernels_built() { return true; }
 
 const char* cuda_architectures() { return PYENGINE_CUDA_ARCHITECTURES; }
 
-size_t paged_attention_workspace_bytes(int32_t num_tokens, int32_t num_heads, int32_t head_dim,
-                                       int32_t max_context_len) {
-  using detail::fail;
-  if (num_tokens < 0) fail("num_tokens: must be >= 0");
-  if (num_heads <= 0) fail("num_heads: must be > 0");
-  if (head_dim <= 0) fail("head_dim: must be > 0");
-  if (max_context_len < 0) fail("max_context_len: must be >= 0");
-  const int ms = detail::max_splits(num_tokens, max_context_len);
-  if (ms <= 1 || num_tokens == 0) return 0;
-  return static_cast<size_t>(num_tokens) * num_heads * ms * (head_dim + 2) * sizeof(float);
-}
-
 void paged_attention(void* out, int64_t out_row_stride, const void* query, int64_t query_row_stride,
                      DType q_dtype, const void* k_cache, const void* v_cache, DType cache_dtype,
                      float k_scale, float v_scale, const int32_t* query_start_loc,
@@ -92,7 +72,7 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
                      int32_t num_tokens, int32_t max_blocks_per_seq, int32_t num_heads,
                      int32_t num_kv_heads, int32_t head_dim, int32_t tokens_per_block, float scale,
                      int32_t sliding_window, int32_t max_query_len, int32_t max_context_len,
-                     void* workspace, size_t workspace_bytes, void* stream) {
+                     void* workspace, size_t workspace_bytes, int32_t device, void* stream) {
   using namespace detail;
   // ---- validation: host values only, before any CUDA call ----
   if (q_dtype != DType::kFloat32 && q_dtype != DType::kBFloat16 && q_dtype != DType::kFloat16)
@@ -127,14 +107,6 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
                           query_start_loc, seq_lens, block_tables, num_heads, head_dim);
   if (!aligned16(k_cache)) fail("k_cache: must be 16-byte aligned");
   if (!aligned16(v_cache)) fail("v_cache: must be 16-byte aligned");
-  const size_t need =
-      paged_attention_workspace_bytes(num_tokens, num_heads, head_dim, max_context_len);
-  if (workspace_bytes < need)
-    fail("workspace_bytes: " + std::to_string(workspace_bytes) + " is less than the " +
-         std::to_string(need) + " bytes paged_attention_workspace_bytes asks for");
-  if (need > 0 && workspace == nullptr) fail("workspace: null pointer");
-  if (need > 0 && !aligned16(workspace)) fail("workspace: must be 16-byte aligned");
-
   const int group = num_heads / num_kv_heads;
   AttnArgs a{};
   a.out = out;
@@ -159,9 +131,24 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
   a.v_scale = is_fp8 ? v_scale : 1.f;
   a.head_chunks = (group + kDecodeMaxGroup - 1) / kDecodeMaxGroup;
 
-  const bool tensor_core = max_query_len > 1 && q_dtype != DType::kFloat32 &&
-                           (head_dim == 64 || head_dim == 128) && aligned16(query) &&
-                           query_row_stride % 8 == 0;
+  const bool tensor_core =
+      choose_kernel(q_dtype, head_dim, max_query_len,
+                    aligned16(query) && query_row_stride % 8 == 0) ==
+      AttentionKernel::kTensorCorePrefill;
+  // Only the split-K kernel uses the workspace: a tensor-core batch needs none, whatever its size.
+  if (!tensor_core) {
+    const size_t need =
+        split_k_batch_workspace_bytes(num_tokens, num_heads, head_dim, max_context_len);
+    if (workspace_bytes < need)
+      fail("workspace_bytes: " + std::to_string(workspace_bytes) + " is less than the " +
+           std::to_string(need) + " bytes this batch needs on the split-K kernel (" +
+           std::to_string(num_tokens) + " query rows, max_context_len " +
+           std::to_string(max_context_len) +
+           "); size it with paged_attention_workspace_bytes for at least " +
+           std::to_string(num_tokens) + " rows");
+    if (need > 0 && workspace == nullptr) fail("workspace: null pointer");
+    if (need > 0 && !aligned16(workspace)) fail("workspace: must be 16-byte aligned");
+  }
   if (tensor_core) {
     if (prefill_m_blocks(max_query_len, group) > 65535)
       fail("max_query_len: max_query_len * (num_heads / num_kv_heads) must be <= 4194240");
@@ -171,12 +158,13 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
       fail("num_kv_heads: must be <= 65535");
   }
 
+  const DeviceGuard on_device(device);  // the first CUDA call
   auto s = static_cast<cudaStream_t>(stream);
   if (tensor_core) {
     launch_prefill(a, max_query_len, q_dtype, cache_dtype, head_dim, s);
     return;
   }
-  plan_splits(a, max_context_len);
+  plan_splits(a, max_context_len, device);
   if (a.num_splits > 1) {
     a.ws_o = static_cast<float*>(workspace);
     a.ws_ml = a.ws_o + static_cast<int64_t>(num_tokens) * num_heads * a.num_splits * head_dim;

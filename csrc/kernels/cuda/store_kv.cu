@@ -6,6 +6,7 @@
 // NaN). Rows whose slot is negative are skipped. Misaligned rows (a pointer not 16-byte aligned,
 // a row stride or head_dim not a multiple of 8) take the same kernel one element at a time.
 #include "common.cuh"
+#include "device_guard.cuh"
 #include "pyengine/cuda_kernels.h"
 
 namespace pyengine::kernels::cuda {
@@ -97,7 +98,7 @@ bool is_float_dtype(DType d) {
 void store_kv(const void* key, const void* value, int64_t key_row_stride, int64_t value_row_stride,
               DType src_dtype, void* k_cache, void* v_cache, DType cache_dtype, float k_scale,
               float v_scale, const int32_t* slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
-              int32_t head_dim, int32_t tokens_per_block, void* stream) {
+              int32_t head_dim, int32_t tokens_per_block, int32_t device, void* stream) {
   using namespace detail;
   // ---- validation (host values only) ----
   if (!is_float_dtype(src_dtype))
@@ -133,6 +134,7 @@ void store_kv(const void* key, const void* value, int64_t key_row_stride, int64_
   const bool vec = head_dim % 8 == 0 && key_row_stride % 8 == 0 && value_row_stride % 8 == 0 &&
                    aligned16(key) && aligned16(value) && aligned16(k_cache) &&
                    aligned16(v_cache);
+  const DeviceGuard on_device(device);  // the first CUDA call
   auto s = static_cast<cudaStream_t>(stream);
   const auto go = [&](auto src_tag, auto dst_tag) {
     using S = decltype(src_tag);
