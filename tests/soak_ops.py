@@ -656,6 +656,9 @@ def run_soak(model_dir: str | Path, seed: int, num_ops: int, modes: dict[str, bo
     (with the last operations) on any violation. on_progress(ops done, runs) is called
     every `progress_every` operations, and once more after the drain with ops done = -1
     (the engines are still up then)."""
+    # The injected Ctrl-Cs need Python's SIGINT handler: a shell's background job starts with
+    # SIGINT ignored (then a Ctrl-C does nothing, in the engine as anywhere).
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     runs = {name: SoakRun(name, make_engine(model_dir, overlap, cfg, seed), cfg) for name, overlap in modes.items()}
     driver = next(iter(runs.values()))
     gen = OpGenerator(seed, cfg, driver.engine.model_config.vocab_size)
@@ -701,4 +704,5 @@ def run_soak(model_dir: str | Path, seed: int, num_ops: int, modes: dict[str, bo
         for r in runs.values():
             r.engine.shutdown()
         ties.close()
+        signal.signal(signal.SIGINT, previous_sigint)
     return SoakResult(num_ops, runs, compared, ties.accepted)
