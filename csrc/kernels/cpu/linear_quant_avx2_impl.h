@@ -206,8 +206,11 @@ void row_q6_k(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), low2), 4));
       q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), low4),
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4));
-      // the 8 scales of this half as int16 in both 128-bit lanes, then pairs (2i, 2i + 1)
-      const __m256i sc = _mm256_permute4x64_epi64(scales16, half == 0 ? 0x44 : 0xee);
+      // the 8 scales of this half as int16 in both 128-bit lanes, then pairs (2i, 2i + 1); the
+      // immediate spelled out in each branch: it must be a constant even when the loop is not
+      // unrolled (-O0, sanitizer builds)
+      const __m256i sc = half == 0 ? _mm256_permute4x64_epi64(scales16, 0x44)
+                                   : _mm256_permute4x64_epi64(scales16, 0xee);
       for (int i = 0; i < 4; ++i) {
         const __m256i s = _mm256_shuffle_epi8(sc, _mm256_add_epi8(pair_pick, _mm256_set1_epi8(static_cast<char>(4 * i))));
         for (int m = 0; m < MB; ++m) {
