@@ -45,6 +45,11 @@ make_env() {
     "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages() + [site.getusersitepackages()] * bool(site.ENABLE_USER_SITE)))' \
       > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/base_site_packages.pth"
   fi
+  # the build backend (pyproject.toml's build-system.requires) in the venv itself: the build
+  # below runs without isolation, and PYTHON need not have it (pip install -e . isolates it)
+  local requires
+  read -r -a requires <<< "$("$venv/bin/python" -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')"
+  "$venv/bin/python" -m pip install -q "${requires[@]}"
   local define=(-DPYENGINE_SANITIZE="$sanitizers" -DPYENGINE_CUDA=OFF "$@")
   local settings=(--config-settings=build-dir="$BUILD_DIR/$name" --config-settings=cmake.build-type=Debug)
   for d in "${define[@]}"; do settings+=(--config-settings=cmake.define."${d#-D}"); done
