@@ -26,8 +26,6 @@ Prompt = str | Sequence[int] | torch.Tensor
 RequestId = int | str
 
 _MAX_CORE_ID = 2**63 - 1
-# Finished request ids remembered, so that aborting one says False rather than "unknown";
-# older ones are forgotten (an application running for months must not grow without bound).
 # Finished ids a caller chose that are remembered (abort_request on one returns False rather than
 # "unknown"): the latest this many. Ids the engine assigned need no memory: every one below the
 # next to be assigned was in use once.
@@ -124,9 +122,11 @@ class RequestTable:
         FINISHED_IDS_KEPT the caller chose (its id may be given again)."""
         if request_id in self._core_ids:
             return False
-        if isinstance(request_id, int) and not isinstance(request_id, bool) and 0 <= request_id < self._next_auto_id:
-            return True
-        return request_id in self._finished
+        return self._was_assigned(request_id) or request_id in self._finished
+
+    def _was_assigned(self, request_id: RequestId) -> bool:
+        """An int id below the next the engine assigns: in use once (assigned, or the caller's)."""
+        return isinstance(request_id, int) and not isinstance(request_id, bool) and 0 <= request_id < self._next_auto_id
 
     def _assign(self, request_id: RequestId | None, in_core: Any) -> tuple[RequestId, int]:
         if request_id is None:
@@ -195,7 +195,7 @@ class RequestTable:
         rec = self.records.pop(core_id)
         del self._core_ids[rec.request_id]
         self.num_owed_prompt_logprobs -= rec.wants_prompt_logprobs
-        if finished and not (isinstance(rec.request_id, int) and rec.request_id < self._next_auto_id):
+        if finished and not self._was_assigned(rec.request_id):  # (those need no memory)
             self._finished[rec.request_id] = None
             while len(self._finished) > FINISHED_IDS_KEPT:
                 self._finished.popitem(last=False)

@@ -122,7 +122,7 @@ class StepLoop:
                 t2 = time.perf_counter()
                 result = self._sample(batch, forwarded) if batch.num_seqs else None
         except BaseException:
-            self._undo_schedule(batch)
+            self._undo_schedule(batch.events)
             self._pending_outputs.extend(self._abort_outputs(batch.events))
             raise
         t3 = time.perf_counter()
@@ -160,7 +160,7 @@ class StepLoop:
         except BaseException:
             if future is not None:  # interrupted while waiting: the worker may still be in the
                 wait([future])      # forward, reading the metadata buffers the undo rewrites
-            self._undo_schedule(batch)
+            self._undo_schedule(batch.events)
             # `outputs` holds step n-1's and the aborts' outputs: the next step that succeeds delivers them
             self._pending_outputs = outputs + self._pending_outputs
             raise
@@ -190,7 +190,7 @@ class StepLoop:
                 bm.rollback()  # (a no-op when schedule() itself failed: it undid itself)
                 events = bm.events()
             else:
-                self._undo_schedule(Batch(0, 0, 0, events))
+                self._undo_schedule(events)
             self._release_dropped_rows(events)
             if self._unresponded is not None:
                 items, self._unresponded = self._unresponded, None
@@ -199,13 +199,13 @@ class StepLoop:
             raise
         return batch
 
-    def _undo_schedule(self, batch: Batch) -> None:
+    def _undo_schedule(self, events: dict) -> None:
         """A step failed: roll the schedule back (the aborts it dropped stay dropped, the caller
         keeps their final outputs for the next step that succeeds; the requests it paused stay
         paused)."""
         if self.runner.is_cuda:  # the failed step's queued copies and kernels finish first:
             self.runner.stream.synchronize()  # the next schedule rewrites the buffers they read
-        self._release_sampler_rows(batch.events)
+        self._release_sampler_rows(events)
         self.bm.rollback()
 
     def _assign_sampler_rows(self, events: dict) -> None:
