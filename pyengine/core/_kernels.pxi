@@ -13,6 +13,13 @@ cdef extern from "pyengine/kernels.h" namespace "pyengine::kernels" nogil:
 
     int dtype_size(DType dtype) except +
 
+    void check_kv_slots(const int32_t* slot_mapping, int32_t num_tokens, int32_t tokens_per_block,
+                        int32_t num_blocks) except +
+    void check_attention_indices(const int32_t* query_start_loc, const int32_t* seq_lens,
+                                 const int32_t* block_tables, int32_t num_seqs, int32_t num_tokens,
+                                 int32_t max_blocks_per_seq, int32_t tokens_per_block,
+                                 int32_t num_blocks, int32_t sliding_window) except +
+
     void store_kv(const void* key, const void* value, int64_t key_row_stride,
                   int64_t value_row_stride, DType src_dtype, void* k_cache, void* v_cache,
                   DType cache_dtype, const int32_t* slot_mapping, int32_t num_tokens,
@@ -32,6 +39,22 @@ cdef extern from "pyengine/kernels.h" namespace "pyengine::kernels" nogil:
 def _dtype_size(int dtype):
     """Size in bytes of one element of DType `dtype` (0 fp32, 1 bf16, 2 fp16)."""
     return dtype_size(<DType>dtype)
+
+
+def _check_kv_slots(uintptr_t slot_mapping, int32_t num_tokens, int32_t tokens_per_block,
+                    int32_t num_blocks):
+    """The slot check of store_kv on a host int32 array (address): ValueError naming the entry."""
+    check_kv_slots(<const int32_t*>slot_mapping, num_tokens, tokens_per_block, num_blocks)
+
+
+def _check_attention_indices(uintptr_t query_start_loc, uintptr_t seq_lens, uintptr_t block_tables,
+                             int32_t num_seqs, int32_t num_tokens, int32_t max_blocks_per_seq,
+                             int32_t tokens_per_block, int32_t num_blocks, int32_t sliding_window):
+    """The index checks of paged_attention on host int32 arrays (addresses): ValueError naming
+    the argument and the value."""
+    check_attention_indices(<const int32_t*>query_start_loc, <const int32_t*>seq_lens,
+                            <const int32_t*>block_tables, num_seqs, num_tokens, max_blocks_per_seq,
+                            tokens_per_block, num_blocks, sliding_window)
 
 
 def _store_kv(uintptr_t key, uintptr_t value, int64_t key_row_stride, int64_t value_row_stride,

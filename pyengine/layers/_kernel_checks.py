@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+import pyengine.core._core as _core
+
 from pyengine.dtypes import ACTIVATION_CODES as DTYPE_CODES
 
 _CPU = torch.device("cpu")
@@ -189,47 +191,26 @@ def attention_args(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
 
 
 def check_slot_contents(slot_mapping: torch.Tensor, num_blocks: int, tokens_per_block: int) -> None:
-    """The check the CPU store_kv makes in C++, on the host, for the CUDA kernels (which trust
-    their indices): every slot below num_blocks * tokens_per_block (negative ones skip)."""
-    slots = slot_mapping.cpu()
-    limit = num_blocks * tokens_per_block
-    bad = torch.nonzero(slots >= limit).flatten()
-    if bad.numel():
-        t = int(bad[0])
-        raise ValueError(f"slot_mapping: entry {t} is {int(slots[t])}, beyond the cache's {limit} slots "
-                         f"({num_blocks} blocks of {tokens_per_block})")
+    """The slot check the CPU store_kv makes (in C++, ``check_kv_slots``), on a host copy: for the
+    CUDA kernels, which trust their indices."""
+    slots = _host_int32(slot_mapping)
+    _core._check_kv_slots(slots.data_ptr(), slots.numel(), tokens_per_block, num_blocks)
 
 
 def check_attention_contents(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                              num_tokens: int, num_blocks: int, tokens_per_block: int,
                              sliding_window: int = 0) -> None:
-    """The checks the CPU paged_attention makes in C++, on the host, for the CUDA kernels:
-    query_start_loc from >= 0, non-decreasing, within the query rows; each seq_len at least its
-    query length and within the table's width; every block id a query can see in the pool."""
-    qsl, lens, table = query_start_loc.cpu().long(), seq_lens.cpu().long(), block_tables.cpu()
-    num_seqs = lens.shape[0]
-    if num_seqs == 0:
-        return
-    if int(qsl[0]) < 0:
-        raise ValueError("query_start_loc: must start at >= 0")
-    if int(qsl[num_seqs]) > num_tokens:
-        raise ValueError(f"query_start_loc: ends at {int(qsl[num_seqs])}, beyond the {num_tokens} query rows")
-    q_len = qsl[1:num_seqs + 1] - qsl[:num_seqs]
-    for s in range(num_seqs):
-        q, n = int(q_len[s]), int(lens[s])
-        if q < 0:
-            raise ValueError("query_start_loc: must be non-decreasing")
-        if n < q:
-            raise ValueError(f"seq_lens: seq_lens[{s}] = {n} is smaller than its query length {q}")
-        if q == 0:
-            continue
-        used = -(-n // tokens_per_block)
-        if used > table.shape[1]:
-            raise ValueError(f"seq_lens: seq_lens[{s}] = {n} needs more than max_blocks_per_seq blocks")
-        first = max(0, n - q - sliding_window + 1) // tokens_per_block if sliding_window > 0 else 0
-        ids = table[s, first:used]
-        bad = torch.nonzero((ids < 0) | (ids >= num_blocks)).flatten()
-        if bad.numel():
-            b = int(bad[0])
-            raise ValueError(f"block_tables: block id {int(ids[b])} for sequence {s}, block {first + b} is outside "
-                             f"the cache's {num_blocks} blocks")
+    """The index checks the CPU paged_attention makes (in C++, ``check_attention_indices``), on
+    host copies: for the CUDA kernels, which trust their indices. Shapes as checked by
+    attention_args."""
+    qsl, lens, table = _host_int32(query_start_loc), _host_int32(seq_lens), _host_int32(block_tables)
+    # the C++ reads num_seqs + 1 offsets and num_seqs table rows: the sizes first
+    if lens.dim() != 1 or qsl.shape != (lens.numel() + 1,) or table.dim() != 2 or table.shape[0] < lens.numel():
+        raise ValueError(f"query_start_loc/seq_lens/block_tables: shapes {tuple(qsl.shape)}, {tuple(lens.shape)}, "
+                         f"{tuple(table.shape)} do not describe [num_seqs + 1], [num_seqs], [>= num_seqs, width]")
+    _core._check_attention_indices(qsl.data_ptr(), lens.data_ptr(), table.data_ptr(), lens.numel(), num_tokens,
+                                   table.shape[1], tokens_per_block, num_blocks, sliding_window)
+
+
+def _host_int32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(device="cpu", dtype=torch.int32).contiguous()

@@ -30,6 +30,18 @@ enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2, kFloat8E
 // Size in bytes of one element of `dtype`.
 int dtype_size(DType dtype);
 
+// The index checks store_kv and paged_attention make before touching memory, on host arrays
+// (also for indices bound for the CUDA kernels, which do not check theirs): every slot below
+// num_blocks * tokens_per_block; query_start_loc from >= 0, non-decreasing, within num_tokens;
+// each seq_len at least its query length and within the table's width; every block id a query
+// can see in [0, num_blocks). Throw std::invalid_argument naming the argument and the value.
+void check_kv_slots(const int32_t* slot_mapping, int32_t num_tokens, int32_t tokens_per_block,
+                    int32_t num_blocks);
+void check_attention_indices(const int32_t* query_start_loc, const int32_t* seq_lens,
+                             const int32_t* block_tables, int32_t num_seqs, int32_t num_tokens,
+                             int32_t max_blocks_per_seq, int32_t tokens_per_block, int32_t num_blocks,
+                             int32_t sliding_window);
+
 // Writes this step's K/V rows into their cache slots.
 void store_kv(const void* key, const void* value, int64_t key_row_stride, int64_t value_row_stride,
               DType src_dtype, void* k_cache, void* v_cache, DType cache_dtype,

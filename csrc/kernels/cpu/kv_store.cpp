@@ -37,6 +37,18 @@ int dtype_size(DType dtype) {
                               std::to_string(static_cast<int32_t>(dtype)));
 }
 
+void check_kv_slots(const int32_t* slot_mapping, int32_t num_tokens, int32_t tokens_per_block,
+                    int32_t num_blocks) {
+  if (tokens_per_block <= 0) throw std::invalid_argument("tokens_per_block: must be > 0");
+  const int64_t num_slots = static_cast<int64_t>(num_blocks) * tokens_per_block;
+  for (int32_t t = 0; t < num_tokens; ++t)
+    if (slot_mapping[t] >= num_slots)
+      throw std::invalid_argument("slot_mapping: entry " + std::to_string(t) + " is " +
+                                  std::to_string(slot_mapping[t]) + ", beyond the cache's " +
+                                  std::to_string(num_slots) + " slots (" + std::to_string(num_blocks) +
+                                  " blocks of " + std::to_string(tokens_per_block) + ")");
+}
+
 void store_kv(const void* key, const void* value, int64_t key_row_stride, int64_t value_row_stride,
               DType src_dtype, void* k_cache, void* v_cache, DType cache_dtype,
               const int32_t* slot_mapping, int32_t num_tokens, int32_t num_kv_heads,
@@ -60,13 +72,7 @@ void store_kv(const void* key, const void* value, int64_t key_row_stride, int64_
   if (value_row_stride < row)
     throw std::invalid_argument("value_row_stride: must be >= num_kv_heads * head_dim");
 
-  const int64_t num_slots = static_cast<int64_t>(num_blocks) * tokens_per_block;
-  for (int32_t t = 0; t < num_tokens; ++t)
-    if (slot_mapping[t] >= num_slots)
-      throw std::invalid_argument("slot_mapping: entry " + std::to_string(t) + " is " +
-                                  std::to_string(slot_mapping[t]) + ", beyond the cache's " +
-                                  std::to_string(num_slots) + " slots (" + std::to_string(num_blocks) +
-                                  " blocks of " + std::to_string(tokens_per_block) + ")");
+  check_kv_slots(slot_mapping, num_tokens, tokens_per_block, num_blocks);
 
   const cpu::StoreKvArgs a{key,          value,      key_row_stride, value_row_stride,
                            src_dtype,    k_cache,    v_cache,        cache_dtype,

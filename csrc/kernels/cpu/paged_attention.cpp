@@ -47,27 +47,12 @@ Scratch& scratch() {
 
 }  // namespace
 
-void paged_attention(void* out, int64_t out_row_stride, const void* query, int64_t query_row_stride,
-                     DType q_dtype, const void* k_cache, const void* v_cache, DType cache_dtype,
-                     const int32_t* query_start_loc, const int32_t* seq_lens,
-                     const int32_t* block_tables, int32_t num_seqs, int32_t num_tokens,
-                     int32_t max_blocks_per_seq, int32_t num_heads, int32_t num_kv_heads,
-                     int32_t head_dim, int32_t tokens_per_block, int32_t num_blocks, float scale,
-                     int32_t sliding_window, int32_t num_threads) {
-  // ---- validation ----
-  cpu::check_dtype(q_dtype, "q_dtype");
-  cpu::check_dtype(cache_dtype, "cache_dtype");
-  check_attention_heads(num_seqs, max_blocks_per_seq, num_heads, num_kv_heads);
-  if (head_dim <= 0) fail("head_dim: must be > 0");
+void check_attention_indices(const int32_t* query_start_loc, const int32_t* seq_lens,
+                             const int32_t* block_tables, int32_t num_seqs, int32_t num_tokens,
+                             int32_t max_blocks_per_seq, int32_t tokens_per_block, int32_t num_blocks,
+                             int32_t sliding_window) {
   if (tokens_per_block <= 0) fail("tokens_per_block: must be > 0");
-  if (num_tokens < 0) fail("num_tokens: must be >= 0");
-  if (num_blocks < 0) fail("num_blocks: must be >= 0");
-  if (sliding_window < 0) fail("sliding_window: must be >= 0 (0 disables it)");
-  if (!(scale == scale)) fail("scale: must not be NaN");
-  if (num_seqs == 0) return;
-  check_attention_buffers(out, out_row_stride, query, query_row_stride, k_cache, v_cache,
-                          query_start_loc, seq_lens, block_tables, num_heads, head_dim);
-
+  if (num_seqs <= 0) return;
   if (query_start_loc[0] < 0) fail("query_start_loc: must start at >= 0");
   if (query_start_loc[num_seqs] > num_tokens)
     fail("query_start_loc: ends at " + std::to_string(query_start_loc[num_seqs]) + ", beyond the " +
@@ -95,6 +80,31 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
              ", block " + std::to_string(b) + " is outside the cache's " + std::to_string(num_blocks) +
              " blocks");
   }
+}
+
+void paged_attention(void* out, int64_t out_row_stride, const void* query, int64_t query_row_stride,
+                     DType q_dtype, const void* k_cache, const void* v_cache, DType cache_dtype,
+                     const int32_t* query_start_loc, const int32_t* seq_lens,
+                     const int32_t* block_tables, int32_t num_seqs, int32_t num_tokens,
+                     int32_t max_blocks_per_seq, int32_t num_heads, int32_t num_kv_heads,
+                     int32_t head_dim, int32_t tokens_per_block, int32_t num_blocks, float scale,
+                     int32_t sliding_window, int32_t num_threads) {
+  // ---- validation ----
+  cpu::check_dtype(q_dtype, "q_dtype");
+  cpu::check_dtype(cache_dtype, "cache_dtype");
+  check_attention_heads(num_seqs, max_blocks_per_seq, num_heads, num_kv_heads);
+  if (head_dim <= 0) fail("head_dim: must be > 0");
+  if (tokens_per_block <= 0) fail("tokens_per_block: must be > 0");
+  if (num_tokens < 0) fail("num_tokens: must be >= 0");
+  if (num_blocks < 0) fail("num_blocks: must be >= 0");
+  if (sliding_window < 0) fail("sliding_window: must be >= 0 (0 disables it)");
+  if (!(scale == scale)) fail("scale: must not be NaN");
+  if (num_seqs == 0) return;
+  check_attention_buffers(out, out_row_stride, query, query_row_stride, k_cache, v_cache,
+                          query_start_loc, seq_lens, block_tables, num_heads, head_dim);
+
+  check_attention_indices(query_start_loc, seq_lens, block_tables, num_seqs, num_tokens,
+                          max_blocks_per_seq, tokens_per_block, num_blocks, sliding_window);
 
   // ---- plan ----
   const int32_t group = num_heads / num_kv_heads;
