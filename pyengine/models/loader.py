@@ -88,7 +88,7 @@ def load_tensors(model_dir: str | Path, names: list[str], dtype: torch.dtype,
 
 # Floating types a checkpoint's weights may be stored in (converted to the engine's dtype).
 FLOAT_STORAGE = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-_FINITE_CHUNK = 1 << 24  # elements per isfinite pass: bounds the temporary mask
+_FINITE_CHUNK = 1 << 24  # elements per aminmax pass (a NaN or Inf found: isfinite on that chunk only)
 
 
 def check_float_tensor(name: str, t: torch.Tensor, path: Path) -> None:
