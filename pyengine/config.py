@@ -127,9 +127,20 @@ class EngineConfig:
     quantization: str | None = None
     quantize_lm_head: bool = True
     tokenizer: str | Path | None = None
+    generation_config: str | Path = "auto"
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         self.model = Path(self.model)
+        if isinstance(self.generation_config, str) and self.generation_config in ("auto", "ignore"):
+            pass
+        elif isinstance(self.generation_config, (str, Path)):
+            self.generation_config = Path(self.generation_config)
+        else:
+            raise TypeError(f"generation_config must be 'auto', 'ignore' or a path, got {self.generation_config!r}")
+        if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template):
+            raise TypeError(f"chat_template must be a non-empty Jinja template string or None, "
+                            f"got {self.chat_template!r}")
         if self.tokenizer is not None:
             if not isinstance(self.tokenizer, (str, Path)):
                 raise TypeError(f"tokenizer must be a directory path or None, got {self.tokenizer!r}")

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from pyengine.config import KvCacheConfig, SchedulerConfig
+from pyengine.engine.chat import ChatOptions, Message, is_conversation
 from pyengine.engine.one_thread import OneThreadGuard, one_thread
 from pyengine.engine.outputs import RequestOutput
 from pyengine.engine.requests import Prompt, RequestId, RequestTable
@@ -61,6 +62,15 @@ class Engine:
     tokenizer: a directory holding the tokenizer (tokenizer.json / tokenizer_config.json), used
         instead of the model's own; it must exist and hold one. By default the model directory's
         tokenizer (or the GGUF file's); a model without one takes token-id prompts only.
+    generation_config: "auto" (default) reads the model directory's generation_config.json:
+        its eos_token_id entries end requests (besides config.json's and the tokenizer's
+        end-of-sequence ids), and its temperature, top_k, top_p, min_p, repetition_penalty and
+        max_new_tokens become the defaults of the SamplingParams fields a request leaves unset
+        (fields the caller set keep their values, even when equal to SamplingParams' defaults).
+        "ignore" reads no generation_config.json; a path reads that file (or the one in that
+        directory) instead. The defaults in force are in startup_report()["generation_config"].
+    chat_template: a Jinja chat template for conversations, used instead of the tokenizer's
+        own (see add_request).
 
     The CPU kernels run at the highest instruction-set level the CPU supports (see
     `pyengine.cpu_info()`); the PYENGINE_CPU_ISA environment variable ("generic", "avx2",
@@ -78,14 +88,16 @@ class Engine:
                  device: str | torch.device = "cpu", cuda_graphs: bool = True,
                  cuda_graph_batch_sizes: Sequence[int] | None = None, exact_fp32: bool = False,
                  quantization: str | None = None, quantize_lm_head: bool = True,
-                 tokenizer: str | Path | None = None) -> None:
+                 tokenizer: str | Path | None = None, generation_config: str | Path = "auto",
+                 chat_template: str | None = None) -> None:
         self._closed = True
         self._guard = OneThreadGuard()
         parts = start_engine(model=model, dtype=dtype, kv_cache_config=kv_cache_config,
                              scheduler_config=scheduler_config, max_seq_len=max_seq_len, seed=seed,
                              overlap=overlap, device=device, cuda_graphs=cuda_graphs,
                              cuda_graph_batch_sizes=cuda_graph_batch_sizes, exact_fp32=exact_fp32,
-                             quantization=quantization, quantize_lm_head=quantize_lm_head, tokenizer=tokenizer)
+                             quantization=quantization, quantize_lm_head=quantize_lm_head, tokenizer=tokenizer,
+                             generation_config=generation_config, chat_template=chat_template)
         self._parts = parts
         self.config = parts.config
         self.model_dir, self.model_config, self.tokenizer = parts.config.model, parts.model_config, parts.tokenizer
@@ -93,7 +105,8 @@ class Engine:
         self.max_seq_len, self.overlap = parts.max_seq_len, parts.config.overlap
         self.kv_cache_config, self.scheduler_config = parts.config.kv_cache_config, parts.config.scheduler_config
         self._bm, self._runner, self._sampler = parts.bm, parts.runner, parts.sampler
-        self._requests = RequestTable(parts.model_config, parts.tokenizer, parts.config.model)
+        self._requests = RequestTable(parts.model_config, parts.tokenizer, parts.config.tokenizer or parts.config.model,
+                                      parts.generation, parts.max_seq_len, parts.config.chat_template)
         self._loop = StepLoop(self._bm, self._runner, self._sampler, self._requests, self.overlap)
         self._streams: dict[RequestId, deque[RequestOutput]] = {}  # open stream() iterators
         self._closed = False
@@ -108,18 +121,35 @@ class Engine:
     @one_thread
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
                     request_id: RequestId | None = None, priority: float = 0.5,
-                    cache_salt: str | bytes | None = None) -> RequestId:
+                    cache_salt: str | bytes | None = None, *,
+                    tools: Sequence[dict[str, Any]] | None = None, chat_template: str | None = None,
+                    chat_template_kwargs: dict[str, Any] | None = None,
+                    add_generation_prompt: bool = True) -> RequestId:
         """Queues a request; returns its id. Raises ValueError/TypeError, changing nothing,
         for bad input (empty prompt, token id outside the vocabulary, prompt + max_tokens
         beyond max_seq_len, invalid parameters, an id already in use).
 
-        prompt: text (needs the model's tokenizer), a list of token ids, or a 1-D int tensor.
+        prompt: text (needs the model's tokenizer), a list of token ids, a 1-D int tensor, or a
+            conversation: a list of {"role": ..., "content": ...} messages, rendered to token ids
+            with the tokenizer's chat template (transformers' apply_chat_template) and, with
+            add_generation_prompt, the opening of the assistant's turn. A tokenizer without a
+            chat template takes a conversation only with chat_template= (here or in Engine).
+        params: unset fields take the model's generation defaults (see Engine's generation_config).
         request_id: an int in [0, 2**63) or a str; by default the engine assigns ints.
         priority: higher starts first under SchedulerConfig(queue_policy="priority").
         cache_salt: requests share prefix-cache blocks only with requests of the same salt.
+        tools, chat_template, chat_template_kwargs: for a conversation: tool schemas for the
+            template, a template instead of the tokenizer's, extra template variables (e.g.
+            {"enable_thinking": False} for Qwen3).
         """
         self._check_open()
-        new = self._requests.prepare(prompt, params, request_id, priority, cache_salt, self._bm.contains)
+        chat = None
+        if is_conversation(prompt) or tools is not None or chat_template is not None or chat_template_kwargs:
+            if not is_conversation(prompt):
+                raise ValueError("tools, chat_template and chat_template_kwargs apply to a conversation (a list of "
+                                 "{'role', 'content'} messages), not to a text or token-id prompt")
+            chat = ChatOptions(tools, chat_template, chat_template_kwargs or {}, add_generation_prompt)
+        new = self._requests.prepare(prompt, params, request_id, priority, cache_salt, self._bm.contains, chat)
         now = time.monotonic()
         p = new.params
         # prompt logprobs need every prompt position computed: no blocks from the prefix cache
@@ -197,9 +227,25 @@ class Engine:
         requests advance in the same steps). Several streams may be consumed interleaved.
         Closing the iterator early (or dropping it) aborts the request."""
         rid = self.add_request(prompt, params, request_id)
+        return self._open_stream(rid)
+
+    def _open_stream(self, rid: RequestId) -> RequestStream:
         queue: deque[RequestOutput] = deque()
         self._streams[rid] = queue
         return RequestStream(self, rid, queue)
+
+    def chat(self, messages: Sequence[Message], params: SamplingParams | None = None,
+             request_id: RequestId | None = None, *, tools: Sequence[dict[str, Any]] | None = None,
+             chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> RequestStream:
+        """Adds a conversation (see add_request) and returns an iterator of the reply's outputs,
+        step by step, as stream() does; the last output's `text` is the whole reply. For the
+        next turn, append {"role": "assistant", "content": reply} and the next user message:
+        with prefix reuse on (the default) the earlier turns' full KV blocks are reused."""
+        if not is_conversation(messages):
+            raise TypeError(f"messages must be a non-empty list of {{'role', 'content'}} dicts, got {messages!r:.80}")
+        rid = self.add_request(messages, params, request_id, tools=tools, chat_template=chat_template,
+                               chat_template_kwargs=chat_template_kwargs)
+        return self._open_stream(rid)
 
     @one_thread
     def generate(self, prompts: Prompt | Sequence[Prompt],
@@ -209,8 +255,8 @@ class Engine:
         input order. Other requests in the engine advance too (their outputs are not
         returned). A bad prompt or parameter raises before any of them is queued."""
         self._check_open()
-        single = isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                              and isinstance(prompts[0], int))
+        single = isinstance(prompts, str) or is_conversation(prompts) or (
+            isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int))
         prompt_list = [prompts] if single else list(prompts)
         if params is None or isinstance(params, SamplingParams):
             param_list = [params or SamplingParams()] * len(prompt_list)
@@ -261,7 +307,8 @@ class Engine:
         """The start-up phases with their seconds, the KV capacity figures, the sequence slots,
         max_seq_len, the device, the captured CUDA graph sizes, and on the CPU the kernels'
         instruction-set level (with why, and the levels the CPU has) and the largest batch that
-        runs all decoder layers in one C++ call (0: none)."""
+        runs all decoder layers in one C++ call (0: none), and the generation defaults in force
+        (generation_config: the file read, the end-of-sequence ids, the sampling defaults)."""
         p = self._parts
         info = cpu_info()
         one_call = self._runner.cpu_decode
@@ -269,7 +316,8 @@ class Engine:
                 "num_seq_slots": self.config.num_seq_slots, "max_seq_len": self.max_seq_len,
                 "device": str(self.device), "cuda_graph_batch_sizes": list(p.graph_sizes),
                 "cpu_kernels": {"isa": info.isa, "reason": info.reason, "supported": list(info.supported)},
-                "cpu_one_call_decode_max_rows": 0 if one_call is None else one_call.max_rows}
+                "cpu_one_call_decode_max_rows": 0 if one_call is None else one_call.max_rows,
+                "generation_config": p.generation.as_dict()}
 
     @one_thread
     def check_resources(self) -> None:

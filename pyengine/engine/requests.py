@@ -17,12 +17,15 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from pyengine.engine.chat import ChatOptions, is_conversation, render_conversation
 from pyengine.engine.detokenizer import IncrementalDetokenizer
+from pyengine.engine.generation_config import GenerationDefaults
 from pyengine.engine.outputs import RequestMetrics, RequestRecord
 from pyengine.models import ModelConfig
 from pyengine.sampling import SamplingParams
 
-Prompt = str | Sequence[int] | torch.Tensor
+# text, token ids, or a conversation (a list of {"role", "content"} messages)
+Prompt = str | Sequence[int] | torch.Tensor | Sequence[dict[str, Any]]
 RequestId = int | str
 
 _MAX_CORE_ID = 2**63 - 1
@@ -61,8 +64,11 @@ def load_tokenizer(directory: Path, required: bool = False) -> Any:
         raise ValueError(f"cannot load the tokenizer in {str(directory)!r}: {type(e).__name__}: {e}") from e
 
 
-def prompt_token_ids(prompt: Prompt, tokenizer: Any, model_dir: Path) -> list[int]:
-    """A prompt (text, token ids, or a 1-D integer tensor) as a list of token ids."""
+def prompt_token_ids(prompt: Prompt, tokenizer: Any, model_dir: Path, chat: ChatOptions | None = None) -> list[int]:
+    """A prompt (text, token ids, a 1-D integer tensor, or a conversation rendered with the chat
+    template under `chat`'s options) as a list of token ids."""
+    if is_conversation(prompt):
+        return render_conversation(prompt, tokenizer, chat or ChatOptions(), model_dir)
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError(f"a text prompt needs a tokenizer, and {str(model_dir)!r} has none; pass token ids, "
@@ -100,10 +106,17 @@ class RequestTable:
     Callers name requests by int or str ids. An int id is its own core id; a str id gets a
     negative core id, so the two kinds never collide. Ids the engine assigns are ints."""
 
-    def __init__(self, model_config: ModelConfig, tokenizer: Any, model_dir: Path) -> None:
+    def __init__(self, model_config: ModelConfig, tokenizer: Any, tokenizer_dir: Path,
+                 generation: GenerationDefaults | None = None, max_seq_len: int | None = None,
+                 chat_template: str | None = None) -> None:
         self.model_config = model_config
         self.tokenizer = tokenizer
-        self.model_dir = model_dir
+        self.model_dir = tokenizer_dir  # named in errors about the tokenizer
+        # end-of-sequence ids and sampling defaults (generation_config.json); without one given,
+        # config.json's end-of-sequence ids and no defaults
+        self.generation = generation or GenerationDefaults(eos_token_ids=list(model_config.eos_token_ids))
+        self.max_seq_len = max_seq_len or model_config.max_position_embeddings
+        self.chat_template = chat_template  # Engine(chat_template=...): instead of the tokenizer's
         self.records: dict[int, RequestRecord] = {}
         self._core_ids: dict[RequestId, int] = {}
         self._finished: OrderedDict[RequestId, None] = OrderedDict()
@@ -150,14 +163,21 @@ class RequestTable:
     # ---- admission ----------------------------------------------------------------------------
 
     def prepare(self, prompt: Prompt, params: SamplingParams | None, request_id: RequestId | None,
-                priority: float, cache_salt: str | bytes | None, in_core: Any) -> NewRequest:
+                priority: float, cache_salt: str | bytes | None, in_core: Any,
+                chat: ChatOptions | None = None) -> NewRequest:
         """Checks a request and resolves its ids; changes nothing. `in_core(core_id)` says
-        whether the batch manager already holds a request under that id."""
+        whether the batch manager already holds a request under that id. The request's params
+        are `params` with the generation defaults filled into the fields it leaves unset."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         params.validate()
-        ids = prompt_token_ids(prompt, self.tokenizer, self.model_dir)
+        if chat is not None and chat.chat_template is None and self.chat_template is not None:
+            chat = ChatOptions(chat.tools, self.chat_template, chat.chat_template_kwargs, chat.add_generation_prompt)
+        elif chat is None and self.chat_template is not None:
+            chat = ChatOptions(chat_template=self.chat_template)
+        ids = prompt_token_ids(prompt, self.tokenizer, self.model_dir, chat)
+        params = self._with_defaults(params, len(ids))
         auto_id = request_id is None
         request_id, core_id = self._assign(request_id, in_core)
         vocab = self.model_config.vocab_size
@@ -168,11 +188,24 @@ class RequestTable:
             raise ValueError(f"priority must be a finite number, got {priority!r}")
         if cache_salt is not None and not isinstance(cache_salt, (str, bytes)):
             raise TypeError(f"cache_salt must be a str or bytes, got {type(cache_salt).__name__}")
-        eos = [] if params.ignore_eos else list(self.model_config.eos_token_ids)
+        eos = [] if params.ignore_eos else list(self.generation.eos_token_ids)
         return NewRequest(request_id=request_id, core_id=core_id, prompt_token_ids=ids, params=params,
                           end_id=eos[0] if eos else -1, core_stop_ids=list(params.stop_token_ids) + eos[1:],
                           stop_ids=eos + list(params.stop_token_ids), priority=float(priority),
                           cache_salt_key=cache_salt_key(cache_salt), auto_id=auto_id)
+
+    def _with_defaults(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
+        """params with the generation defaults in its unset fields (itself when none apply). A
+        default max_tokens is capped at what max_seq_len leaves after the prompt, as vLLM does
+        (a default must not make a request invalid)."""
+        defaults = {k: v for k, v in self.generation.sampling.items() if not params.is_set(k)}
+        if not defaults:
+            return params
+        if "max_tokens" in defaults:
+            defaults["max_tokens"] = max(1, min(defaults["max_tokens"], self.max_seq_len - prompt_len))
+            if params.min_tokens > defaults["max_tokens"]:
+                defaults["max_tokens"] = params.min_tokens  # (the core then names the length problem)
+        return params.with_defaults(defaults)
 
     def add(self, new: NewRequest, new_seed: Callable[[], int], arrival_time: float) -> RequestRecord:
         """Records a request the batch manager has accepted; `new_seed()` gives the seed of a

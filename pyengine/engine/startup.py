@@ -27,6 +27,7 @@ from pyengine import gguf
 from pyengine.config import EngineConfig
 from pyengine.core import CoreBatchManager
 from pyengine.dtypes import KV_CACHE_DTYPES
+from pyengine.engine.generation_config import GenerationDefaults, generation_defaults
 from pyengine.engine.requests import load_tokenizer
 from pyengine.layers.cpu_features import cpu_info
 from pyengine.models import LlamaFamilyModel, ModelConfig, model_class
@@ -78,6 +79,7 @@ class EngineParts:
     quant_plan: QuantPlan | None = None  # the formats quantize-on-load chose, tensor by tensor
     prequantized: PrequantizedSpec | None = None  # an AWQ / GPTQ checkpoint's quantization_config
     gguf_header: gguf.GGUFHeader | None = None  # a GGUF file's tensor table, until the weights are read
+    generation: GenerationDefaults = field(default_factory=GenerationDefaults)  # eos ids, sampling defaults
 
 
 @contextlib.contextmanager
@@ -209,6 +211,8 @@ def _configure(cfg: EngineConfig) -> EngineParts:
                         kv_dtype=kv_dtype, max_seq_len=max_seq_len, graph_sizes=_graph_sizes(cfg, device),
                         gguf_header=header)
     parts.prequantized = prequantized
+    parts.generation = generation_defaults(cfg.generation_config, cfg.model, mc.eos_token_ids, tokenizer,
+                                           mc.vocab_size)
     return parts
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
 
 import torch
 
@@ -75,6 +75,30 @@ class SamplingParams:
             self.stop = [self.stop]
         self.validate()
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # an assignment after construction sets the field as the constructor's keyword would
+        if name in _FIELD_NAMES and "_explicit" in self.__dict__:
+            self.__dict__["_explicit"] = self.__dict__["_explicit"] | {name}
+        object.__setattr__(self, name, value)
+
+    def is_set(self, name: str) -> bool:
+        """True if the caller gave field `name` a value (even the default's)."""
+        if name not in _FIELD_NAMES:
+            raise ValueError(f"SamplingParams has no field {name!r}")
+        return name in self.__dict__.get("_explicit", frozenset(_FIELD_NAMES))
+
+    def with_defaults(self, defaults: dict[str, Any]) -> "SamplingParams":
+        """A copy whose unset fields take `defaults[field]` where given (fields set by the
+        caller keep their values); validated. The copy records the same fields as set."""
+        unknown = sorted(set(defaults) - _FIELD_NAMES)
+        if unknown:
+            raise ValueError(f"SamplingParams has no field {unknown[0]!r}")
+        values = {f: getattr(self, f) for f in _FIELD_NAMES}
+        values.update({k: v for k, v in defaults.items() if not self.is_set(k)})
+        out = SamplingParams(**values)
+        out.__dict__["_explicit"] = self.__dict__.get("_explicit", frozenset(_FIELD_NAMES))
+        return out
+
     def validate(self) -> None:
         """Raises ValueError/TypeError naming the first bad field and its value."""
         if not _is_int(self.max_tokens):
@@ -111,3 +135,22 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
                 raise ValueError(f"{name} must be None or an int in [0, {MAX_LOGPROBS}], got {v!r}")
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(SamplingParams))
+_POSITIONAL = [f.name for f in fields(SamplingParams)]
+_generated_init = SamplingParams.__init__
+
+
+def _init_recording_explicit(self: SamplingParams, *args: Any, **kwargs: Any) -> None:
+    # SamplingParams(**other.__dict__) passes the record along: a copy made from every field of
+    # another counts every field as set (as dataclasses.replace does)
+    kwargs.pop("_explicit", None)
+    self.__dict__["_explicit"] = frozenset()  # (the generated __init__'s assignments are not the caller's)
+    _generated_init(self, *args, **kwargs)
+    self.__dict__["_explicit"] = frozenset(_POSITIONAL[:len(args)]) | frozenset(kwargs)
+
+
+_init_recording_explicit.__doc__ = _generated_init.__doc__
+_init_recording_explicit.__signature__ = __import__("inspect").signature(_generated_init)  # type: ignore[attr-defined]
+SamplingParams.__init__ = _init_recording_explicit  # type: ignore[method-assign]
