@@ -101,6 +101,7 @@ class RequestRecord:
     prompt_logprobs: list[dict[int, float] | None] | None = None
     text: str = ""                 # what the user has been shown (cut at a stop string)
     stop_reason: int | str | None = None
+    matcher: Any = None            # guided decoding: the grammar matcher (xgrammar) of its tokens
 
     def __post_init__(self) -> None:
         if self.params.logprobs is not None:

@@ -23,6 +23,7 @@ from pyengine.engine.generation_config import GenerationDefaults
 from pyengine.engine.outputs import RequestMetrics, RequestRecord
 from pyengine.models import ModelConfig
 from pyengine.sampling import SamplingParams
+from pyengine.sampling.guided import GrammarBackend
 
 # text, token ids, or a conversation (a list of {"role", "content"} messages)
 Prompt = str | Sequence[int] | torch.Tensor | Sequence[dict[str, Any]]
@@ -98,6 +99,7 @@ class NewRequest:
     priority: float
     cache_salt_key: int
     auto_id: bool = False       # the engine assigned request_id
+    matcher: Any = None         # guided decoding: a fresh grammar matcher
 
 
 class RequestTable:
@@ -117,6 +119,7 @@ class RequestTable:
         self.generation = generation or GenerationDefaults(eos_token_ids=list(model_config.eos_token_ids))
         self.max_seq_len = max_seq_len or model_config.max_position_embeddings
         self.chat_template = chat_template  # Engine(chat_template=...): instead of the tokenizer's
+        self._grammars: GrammarBackend | None = None  # made for the first constrained request
         self.records: dict[int, RequestRecord] = {}
         self._core_ids: dict[RequestId, int] = {}
         self._finished: OrderedDict[RequestId, None] = OrderedDict()
@@ -189,10 +192,25 @@ class RequestTable:
         if cache_salt is not None and not isinstance(cache_salt, (str, bytes)):
             raise TypeError(f"cache_salt must be a str or bytes, got {type(cache_salt).__name__}")
         eos = [] if params.ignore_eos else list(self.generation.eos_token_ids)
+        matcher = None
+        if params.guided_decoding is not None:
+            backend = self.grammar_backend()
+            # its end-of-sequence ids end the grammar (ignore_eos: the grammar's completion ends the request)
+            matcher = backend.matcher(backend.compile(params.guided_decoding), self.generation.eos_token_ids,
+                                      params.guided_decoding.kind)
         return NewRequest(request_id=request_id, core_id=core_id, prompt_token_ids=ids, params=params,
                           end_id=eos[0] if eos else -1, core_stop_ids=list(params.stop_token_ids) + eos[1:],
                           stop_ids=eos + list(params.stop_token_ids), priority=float(priority),
-                          cache_salt_key=cache_salt_key(cache_salt), auto_id=auto_id)
+                          cache_salt_key=cache_salt_key(cache_salt), auto_id=auto_id, matcher=matcher)
+
+    def grammar_backend(self) -> GrammarBackend:
+        """The engine's grammar compiler (built on first use: it reads the whole vocabulary)."""
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise ValueError(f"guided decoding needs the model's tokenizer, and {str(self.model_dir)!r} has "
+                                 "none; pass Engine(..., tokenizer=DIR)")
+            self._grammars = GrammarBackend(self.tokenizer, self.model_config.vocab_size)
+        return self._grammars
 
     def _with_defaults(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
         """params with the generation defaults in its unset fields (itself when none apply). A
@@ -214,7 +232,7 @@ class RequestTable:
             request_id=new.request_id, core_id=new.core_id, prompt_token_ids=new.prompt_token_ids,
             params=new.params, seed=new.params.seed if new.params.seed is not None else new_seed(),
             stop_ids=new.stop_ids, detokenizer=IncrementalDetokenizer(self.tokenizer, new.params.skip_special_tokens),
-            metrics=RequestMetrics(arrival_time=arrival_time))
+            metrics=RequestMetrics(arrival_time=arrival_time), matcher=new.matcher)
         self.records[new.core_id] = rec
         self._core_ids[new.request_id] = new.core_id
         if new.auto_id:

@@ -229,7 +229,8 @@ class StepLoop:
             self.sampler.release_slot(slot)
 
     def _init_sampler_row(self, rec: RequestRecord, slot: int) -> None:
-        self.sampler.init_slot(slot, rec.params, rec.prompt_token_ids, rec.token_ids, rec.stop_ids, rec.seed)
+        self.sampler.init_slot(slot, rec.params, rec.prompt_token_ids, rec.token_ids, rec.stop_ids, rec.seed,
+                               rec.matcher)
 
     def _prompt_logprob_rows(self, num_seqs: int) -> PromptRows | None:
         r = self.runner
@@ -311,7 +312,13 @@ class StepLoop:
                      metrics: dict | None) -> RequestOutput | None:
         rec = self.table.records[core_id]
         done = metrics is not None
-        new_text, stopped = rec.append_token(token, logprobs, final=done)
+        # guided decoding: a grammar that accepted this token as its end ends the request (when
+        # the core has not: ignore_eos, or a grammar that ends without an end-of-sequence token)
+        grammar_end = rec.matcher is not None and rec.matcher.is_terminated()
+        new_text, stopped = rec.append_token(token, logprobs, final=done or grammar_end)
+        if grammar_end and not stopped and not done:
+            stopped = True
+            rec.stop_reason = token if token in rec.matcher.stop_token_ids else None
         if stopped and not done:
             now = time.monotonic()
             if self.bm.finish_stopped(core_id, now):

@@ -7,6 +7,8 @@ from typing import Any, Callable
 
 import torch
 
+from pyengine.sampling.guided import GuidedDecodingParams
+
 # A logits processor: (token ids generated so far, logits row [vocab]) -> logits row.
 LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
 
@@ -49,6 +51,11 @@ class SamplingParams:
     logits_processors: functions (generated token ids, logits row) -> logits row, applied
         in order to the raw logits before the transforms above. An exception in one makes
         step() raise with the engine left as it was before that step.
+    guided_decoding: constrain the output to a JSON schema, a regex, a grammar, a choice...
+        (GuidedDecodingParams); tokens the constraint does not allow are masked after the
+        logits processors and before the penalties and temperature, and a request whose
+        constraint is complete ends with finish_reason "stop" (by the end-of-sequence token,
+        the only one then allowed).
     """
 
     max_tokens: int = 16
@@ -69,6 +76,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     logits_processors: list[LogitsProcessor] = field(default_factory=list)
+    guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -131,6 +139,8 @@ class SamplingParams:
         if not isinstance(self.logits_processors, (list, tuple)) or any(
                 not callable(f) for f in self.logits_processors):
             raise TypeError(f"logits_processors must be a list of callables, got {self.logits_processors!r}")
+        if self.guided_decoding is not None and not isinstance(self.guided_decoding, GuidedDecodingParams):
+            raise TypeError(f"guided_decoding must be GuidedDecodingParams or None, got {self.guided_decoding!r}")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):

@@ -14,12 +14,16 @@ min_tokens masking, then for sampled rows temperature, top-k, top-p, min-p.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from pyengine.sampling.logprobs import top_logprobs
 from pyengine.sampling.params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 _MASK64 = (1 << 64) - 1
 
@@ -192,18 +196,24 @@ class Sampler:
         self.stop_mask = torch.zeros(rows, vocab_size, dtype=torch.bool, device=dev)    # masked under min_tokens
         self._features = {slot: frozenset() for slot in range(rows)}
         self._active = {"sample": 0, "repetition": 0, "penalty": 0, "min_tokens": 0, "logprobs": 0,
-                        "processors": 0}
+                        "processors": 0, "guided": 0}
         # Per slot: (user logits processors, the request's generated token ids, a live list).
         self._processors: dict[int, tuple[list, list[int]]] = {}
+        # Per slot: the grammar matcher of a constrained request (its request's, kept across
+        # pauses), and the token bitmask rows they fill (host, int32 words; made on first use)
+        self._matchers: dict[int, Any] = {}
+        self._bitmask: torch.Tensor | None = None
+        self._batch_matcher: Any = None
         self._seed_source = torch.Generator().manual_seed(seed) if seed is not None else torch.Generator()
         if seed is None:
             self._seed_source.seed()
 
     def init_slot(self, slot: int, params: SamplingParams, prompt_ids: list[int], output_ids: list[int],
-                  stop_ids: list[int], seed: int) -> None:
+                  stop_ids: list[int], seed: int, matcher: Any = None) -> None:
         """Sets the row of a request that just got this slot. `output_ids`: the tokens it generated so far
         (non-empty for a paused request being recomputed, so that its counts and random
-        counter continue); the list is kept and read by logits processors."""
+        counter continue); the list is kept and read by logits processors. `matcher`: the
+        request's grammar matcher (guided decoding), which has accepted `output_ids` already."""
         self.release_slot(slot)
         self.temperature[slot] = float(params.temperature)
         self.top_k[slot] = self.vocab_size if params.top_k == -1 else params.top_k
@@ -244,6 +254,9 @@ class Sampler:
         if params.logits_processors:
             features.add("processors")
             self._processors[slot] = (list(params.logits_processors), output_ids)
+        if matcher is not None:
+            features.add("guided")
+            self._matchers[slot] = matcher
         self._features[slot] = frozenset(features)
         for f in features:
             self._active[f] += 1
@@ -257,6 +270,7 @@ class Sampler:
             self._active[f] -= 1
         self._features[slot] = frozenset()
         self._processors.pop(slot, None)
+        self._matchers.pop(slot, None)
 
     def new_seed(self) -> int:
         """A seed for a request that did not give one."""
@@ -285,6 +299,8 @@ class Sampler:
                 if entry is not None:
                     for fn in entry[0]:
                         x[i] = fn(entry[1], x[i])
+        if self._active["guided"]:
+            x = self._apply_grammar_masks(x, rows)
         if self._active["repetition"] or self._active["penalty"]:
             counts = self.counts[rows]
             if self._active["repetition"]:
@@ -319,11 +335,43 @@ class Sampler:
                 logprobs[i] = top_logprobs(raw_logprobs[i], int(wanted[i]), int(tokens[i]))
         return SampleResult(tokens.to(torch.int32), logprobs, rows)
 
+    def _apply_grammar_masks(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """x with the tokens the constrained rows' grammars do not allow next set to -inf (a
+        copy: the forward's logits stay as they were). The matchers fill their slots' rows of
+        the bitmask in one call (xgrammar, threads, no GIL); a terminated matcher (its request
+        ended by its grammar, still in a batch scheduled before that -- overlap) masks nothing."""
+        import xgrammar as xgr
+        picked = [(i, slot) for i, slot in enumerate(rows.tolist())
+                  if slot in self._matchers and not self._matchers[slot].is_terminated()]
+        if not picked:
+            return x
+        if self._bitmask is None:
+            self._bitmask = xgr.allocate_token_bitmask(self.scratch_slot + 1, self.vocab_size)
+            self._batch_matcher = xgr.BatchGrammarMatcher()
+        slots = [slot for _, slot in picked]
+        self._batch_matcher.batch_fill_next_token_bitmask([self._matchers[s].matcher for s in slots], self._bitmask,
+                                                          indices=slots)
+        for slot in slots:
+            if self._matchers[slot].allowed is not None:
+                self._bitmask[slot] &= self._matchers[slot].allowed
+        mask = torch.full((x.shape[0], self._bitmask.shape[1]), -1, dtype=torch.int32)  # -1: every token allowed
+        mask[[i for i, _ in picked]] = self._bitmask[slots]
+        out = x.clone()
+        xgr.apply_token_bitmask_inplace(out, mask.to(out.device, non_blocking=True), vocab_size=self.vocab_size)
+        return out
+
     def commit(self, result: SampleResult) -> None:
-        """Records the sampled tokens in the rows' state (random counters, penalty counts)."""
+        """Records the sampled tokens in the rows' state (random counters, penalty counts, the
+        grammar matchers)."""
         if result.rows is None:
             return
         rows = result.rows
+        if self._active["guided"]:
+            tokens = (result.host_tokens if result.host_tokens is not None else result.tokens).tolist()
+            for slot, token in zip(rows.tolist(), tokens):
+                m = self._matchers.get(slot)
+                if m is not None and not m.is_terminated() and not m.accept_token(token):
+                    logger.error("the grammar matcher of slot %d rejected token %d, which its mask allowed", slot, token)
         self.num_generated[rows] += 1
         if self._active["repetition"] or self._active["penalty"]:  # rows without penalties may count too: unused
             self.counts.index_put_((rows, result.tokens.to(torch.int64)),
