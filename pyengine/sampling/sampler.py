@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+import pyengine.core._core as _core
 from pyengine.sampling.logprobs import top_logprobs
 from pyengine.sampling.params import SamplingParams
 
@@ -356,8 +357,12 @@ class Sampler:
                 self._bitmask[slot] &= self._matchers[slot].allowed
         mask = torch.full((x.shape[0], self._bitmask.shape[1]), -1, dtype=torch.int32)  # -1: every token allowed
         mask[[i for i, _ in picked]] = self._bitmask[slots]
-        out = x.clone()
-        xgr.apply_token_bitmask_inplace(out, mask.to(out.device, non_blocking=True), vocab_size=self.vocab_size)
+        out = x.to(torch.float32, copy=True).contiguous()
+        if out.is_cuda:
+            xgr.apply_token_bitmask_inplace(out, mask.to(out.device, non_blocking=True), vocab_size=self.vocab_size)
+        else:  # pyengine's kernel: xgrammar's CPU path tests every bit (~10x slower at a 49k vocabulary)
+            _core._apply_token_bitmask(out.data_ptr(), out.stride(0), mask.data_ptr(), mask.stride(0), out.shape[0],
+                                       self.vocab_size, torch.get_num_threads())
         return out
 
     def commit(self, result: SampleResult) -> None:
