@@ -258,3 +258,23 @@ def test_validity_over_hundreds_of_outputs(llama_dir):
         assert o.finish_reason == "stop", o.text
         check_valid(sp.guided_decoding.kind, o.text)
     engine.check_resources()
+
+
+def test_with_stop_strings_logprobs_priorities_and_chat(llama_dir):
+    engine = make_engine(llama_dir, scheduler=dict(queue_policy="priority"))
+    # a stop string ends a constrained request as any other (the text is cut before it)
+    o = engine.generate(PROMPTS[0], constrained("regex", 4, stop=[" "], logprobs=2), use_tqdm=False)[0]
+    assert o.finish_reason == "stop" and o.stop_reason == " " and re.fullmatch(r"[A-Z][a-z]{2,6}", o.text)
+    assert len(o.logprobs) == len(o.token_ids) and all(len(lp) >= 2 for lp in o.logprobs)
+    # logprobs are the model's raw distribution, the chosen token always among them
+    assert all(t in lp for t, lp in zip(o.token_ids, o.logprobs))
+    rid = engine.add_request(PROMPTS[1], constrained("choice", 5), priority=0.9)
+    outs = {}
+    while engine.has_unfinished_requests():
+        outs.update({x.request_id: x for x in engine.step()})
+    assert outs[rid].text in CHOICES
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    reply = list(engine.chat([{"role": "user", "content": "Pick a fruit"}], constrained("choice", 6),
+                             chat_template=template))[-1]
+    assert reply.text in CHOICES
+    engine.check_resources()
