@@ -9,6 +9,7 @@ cdef extern from "pyengine/cpu_decode.h" namespace "pyengine::kernels" nogil:
     cdef struct DecodeShape:
         int32_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate
         float rms_norm_eps, scale
+        float attn_softcap
         int32_t sliding_window, max_position, tokens_per_block, max_blocks_per_seq
         int32_t num_blocks
         DType cache_dtype
@@ -35,7 +36,7 @@ cdef class CoreDecodeShape:
                  int32_t head_dim, int32_t intermediate, float rms_norm_eps, float scale,
                  int32_t sliding_window, int32_t max_position, int32_t tokens_per_block,
                  int32_t max_blocks_per_seq, int32_t num_blocks, int cache_dtype, int dtype,
-                 bint quantized=False):
+                 bint quantized=False, float attn_softcap=0.0):
         self.s.num_layers = num_layers
         self.s.hidden = hidden
         self.s.num_heads = num_heads
@@ -45,6 +46,7 @@ cdef class CoreDecodeShape:
         self.s.rms_norm_eps = rms_norm_eps
         self.s.scale = scale
         self.s.sliding_window = sliding_window
+        self.s.attn_softcap = attn_softcap
         self.s.max_position = max_position
         self.s.tokens_per_block = tokens_per_block
         self.s.max_blocks_per_seq = max_blocks_per_seq

@@ -13,7 +13,7 @@ import torch
 
 import pyengine.core._core as _core
 from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS, FAST_FP32_MAX_ROWS
-from pyengine.layers._kernel_checks import dtype_code
+from pyengine.layers._kernel_checks import check_softcap, dtype_code
 from pyengine.quant import QuantizedWeight
 
 __all__ = ["CpuDecodeLayers"]
@@ -49,7 +49,9 @@ class CpuDecodeLayers:
             scale=model.scale, sliding_window=model.sliding_window, max_position=model.cos.shape[0],
             tokens_per_block=k0.shape[2], max_blocks_per_seq=max_blocks_per_seq, num_blocks=k0.shape[0],
             cache_dtype=dtype_code(k0, "k_cache"), dtype=dtype_code(model.norm, "weights"),
-            quantized=self.quantized)
+            quantized=self.quantized,
+            # Gemma 2's attn_logit_softcapping (None or absent: off)
+            attn_softcap=check_softcap(getattr(model, "attn_softcap", 0.0) or 0.0))
         # the row counts at which the model's linears are pyengine's kernels (see layers.linear.dense;
         # quantized weights: at any count, up to what one call takes)
         if self.quantized:

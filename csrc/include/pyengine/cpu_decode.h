@@ -1,6 +1,7 @@
 // The decoder layers of a small bf16 or fp32 batch (decode) in one call, with pyengine's own
 // linear kernels (pyengine/cpu_linear.h): per layer RMSNorm -> qkv -> (q/k norm) -> RoPE -> KV store ->
-// paged attention -> o -> residual add + RMSNorm -> gate_up -> SiLU-mul -> down -> residual add,
+// paged attention (the model's logit soft-cap) -> o -> residual add + RMSNorm -> gate_up -> SiLU-mul ->
+// down -> residual add,
 // each step the kernel of pyengine/cpu_linear.h, cpu_elementwise.h or kernels.h with the same
 // arguments the Python model would pass. At batch 1 a step's time otherwise goes largely to the
 // per-call overhead of a few hundred Python calls.
@@ -23,6 +24,7 @@ enum DecodeLayerPointer : int32_t {
 struct DecodeShape {
   int32_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate;
   float rms_norm_eps, scale;
+  float attn_softcap;  // paged_attention's softcap for every layer (0 = off; Gemma 2: 50)
   int32_t sliding_window, max_position, tokens_per_block, max_blocks_per_seq;
   int32_t num_blocks;  // in each layer's k/v cache (the kernels check the indices against it)
   DType cache_dtype;

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "../attention_checks.h"
 #include "dtype_convert.h"
 #include "pyengine/cpu_decode.h"
 #include "pyengine/cpu_elementwise.h"
@@ -86,6 +87,7 @@ void decode_layers(void* h, int32_t T, const uintptr_t* layer_ptrs, const Decode
   if (scratch_elements < decode_scratch_elements(s, T))
     throw std::invalid_argument("scratch: " + std::to_string(scratch_elements) + " elements, needs " +
                                 std::to_string(decode_scratch_elements(s, T)));
+  check_attention_softcap(s.attn_softcap);  // (paged_attention's check, before any layer runs)
   const Widths w = widths(s);
   const DType dt = s.dtype;
   const int64_t esize = dt == DType::kBFloat16 ? 2 : 4;
@@ -134,7 +136,7 @@ void decode_layers(void* h, int32_t T, const uintptr_t* layer_ptrs, const Decode
     paged_attention(attn, w.attn, q, w.qkv, dt, k_cache, v_cache, s.cache_dtype, query_start_loc,
                     seq_lens, block_tables, num_seqs, T, s.max_blocks_per_seq, s.num_heads,
                     s.num_kv_heads, s.head_dim, s.tokens_per_block, s.num_blocks, s.scale,
-                    s.sliding_window, num_threads);
+                    s.sliding_window, s.attn_softcap, num_threads);
     linear(s, delta, attn, p[kO], 0, T, s.hidden, static_cast<int32_t>(w.attn), num_threads);
     // h += delta; x = norm(h)
     rms_norm(x, s.hidden, delta, s.hidden, h, s.hidden, ptr(p[kPostNorm]), dt, T, s.hidden,
