@@ -30,6 +30,8 @@ class DType(enum.IntEnum):
 QUEUE_POLICIES: dict[str, QueuePolicy]
 CAPACITY_POLICIES: dict[str, CapacitySchedulerPolicy]
 DECODE_LAYER_POINTERS: int
+DECODE_LAYER_SLIDING_WINDOW: int
+DECODE_LAYER_USE_ROPE: int
 LINEAR_MAX_ROWS: int
 
 class CoreBatchManager:
@@ -92,7 +94,7 @@ class CoreDecodeShape:
     """All decoder layers of a small bf16 or fp32 batch in one call (csrc/include/pyengine/cpu_decode.h)."""
 
     def __init__(self, *, num_layers: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 intermediate: int, rms_norm_eps: float, scale: float, sliding_window: int, max_position: int,
+                 intermediate: int, rms_norm_eps: float, scale: float, max_position: int,
                  tokens_per_block: int, max_blocks_per_seq: int, num_blocks: int, cache_dtype: int, dtype: int,
                  quantized: bool = False, attn_softcap: float = 0.0) -> None: ...
     def scratch_elements(self, num_tokens: int) -> int: ...
