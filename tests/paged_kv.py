@@ -62,9 +62,10 @@ def make_paged_kv(specs, num_kv_heads, head_dim, tokens_per_block, cache_dtype, 
     return k_cache, v_cache, qsl.to(device), seq_lens, block_tables.to(device), kvs
 
 
-def ref_attention(query, kvs, specs, scale, window, acc_dtype=torch.float64):
+def ref_attention(query, kvs, specs, scale, window, acc_dtype=torch.float64, softcap=0.0):
     """Naive causal (optionally sliding-window) GQA attention, accumulated in `acc_dtype`;
-    returns [num_tokens, num_heads, head_dim] in `acc_dtype`."""
+    returns [num_tokens, num_heads, head_dim] in `acc_dtype`. softcap > 0: the scores are
+    soft-capped as Hugging Face's Gemma2 does (scale, / softcap, tanh, * softcap) before the mask."""
     num_tokens, num_heads, head_dim = query.shape
     device = query.device
     out = torch.zeros(num_tokens, num_heads, head_dim, dtype=acc_dtype, device=device)
@@ -77,6 +78,8 @@ def ref_attention(query, kvs, specs, scale, window, acc_dtype=torch.float64):
         kk = k.to(acc_dtype).repeat_interleave(group, dim=1)  # [L, H, D]
         vv = v.to(acc_dtype).repeat_interleave(group, dim=1)
         s = torch.einsum("qhd,khd->hqk", q, kk) * scale
+        if softcap > 0:
+            s = torch.tanh(s / softcap) * softcap
         qpos = torch.arange(L - q_len, L, device=device)[:, None]
         kpos = torch.arange(L, device=device)[None, :]
         mask = kpos <= qpos

@@ -4,6 +4,9 @@ the model's Python forward."""
 
 from __future__ import annotations
 
+import itertools
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +15,7 @@ import pyengine.core._core as _core
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
 from pyengine.layers.cpu_features import set_cpu_isa
 from pyengine.layers import elementwise as ew
+from pyengine.layers import fused_decode
 from pyengine.layers.norm import rms_norm
 from pyengine.layers.rotary import rotate_half
 
@@ -211,3 +215,188 @@ def test_cpp_decode_layers_with_qk_norm_stay_close(checkpoint_factory, monkeypat
     assert tokens_cpp == tokens_py
     for a, b in zip(logits_cpp, logits_py):
         assert torch.allclose(a, b, atol=0.05, rtol=0.02)
+
+
+# ---- per-layer sliding windows, NoPE layers and logit soft-capping in the one-call path ----
+# (Gemma 2/3 alternate sliding and global layers and cap their logits; SmolLM3 skips RoPE on
+# some layers.) The model classes' own forward may not implement these yet, so the reference is
+# the decoder written out in float64 torch operations, over each whole sequence at once.
+
+WINDOWS, USES_ROPE = [6, 0, 3], [True, False, True]
+SOFTCAP = 1.0
+
+
+def load_model(model_dir, dtype=torch.float32, max_seq_len=64):
+    from pyengine.models import ModelConfig, model_class
+    from pyengine.models.loader import load_tensors
+    config = ModelConfig.from_model_dir(model_dir)
+    cls = model_class(config)
+    names, optional = cls.weight_names(config)
+    return cls(config, load_tensors(model_dir, names, dtype, optional), dtype, max_seq_len, "cpu")
+
+
+def reference_hidden(model, ids, windows, uses_rope, softcap):
+    """The residual stream after the last layer (before the final norm) of one whole sequence,
+    [len(ids), hidden], float64: per layer RMSNorm, qkv (+ bias), q/k norms, RoPE where
+    uses_rope, causal attention with the layer's window and scores capped as Hugging Face's
+    Gemma2 (scale, / softcap, tanh, * softcap), o, residual, RMSNorm, SiLU-gated MLP, residual."""
+    c = model.config
+    H, KV, D = c.num_heads, c.num_kv_heads, c.head_dim
+    eps = c.rms_norm_eps
+
+    def norm(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+    def rope(x, cos, sin):
+        return x * cos + rotate_half(x) * sin
+
+    L = len(ids)
+    h = model.embed_tokens(torch.tensor(ids)).double()
+    cos, sin = model.cos[:L].double().unsqueeze(1), model.sin[:L].double().unsqueeze(1)
+    pos = torch.arange(L)
+    for layer, window, use_rope in zip(model.layers, windows, uses_rope):
+        x = norm(h, layer["input_norm"])
+        qkv = x @ layer["qkv"].double().T
+        if layer["qkv_bias"] is not None:
+            qkv = qkv + layer["qkv_bias"].double()
+        q = qkv[:, :H * D].view(L, H, D)
+        k = qkv[:, H * D:(H + KV) * D].view(L, KV, D)
+        v = qkv[:, (H + KV) * D:].view(L, KV, D)
+        if layer["q_norm"] is not None:
+            q, k = norm(q, layer["q_norm"]), norm(k, layer["k_norm"])
+        if use_rope:
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+        k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q, k) * model.scale
+        if softcap > 0:
+            s = torch.tanh(s / softcap) * softcap
+        visible = pos[None, :] <= pos[:, None]
+        if window > 0:
+            visible &= pos[None, :] > pos[:, None] - window
+        p = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1)
+        attn = torch.einsum("hqk,khd->qhd", p, v).reshape(L, H * D)
+        h = h + attn @ layer["o"].double().T
+        x = norm(h, layer["post_norm"])
+        gate, up = (x @ layer["gate_up"].double().T).chunk(2, dim=-1)
+        h = h + (F.silu(gate) * up) @ layer["down"].double().T
+    return h
+
+
+# Two sequences through the paged cache (4-token blocks, shuffled): prompt chunks first (mixed
+# with a decode row), then decode steps; each step's rows as (sequence, first position, count).
+SEQ_LENS = (22, 15)
+STEPS = [[(0, 0, 7), (1, 0, 5)], [(0, 7, 3), (1, 5, 1)], [(1, 6, 5)]] + \
+        [[(0, p, 1), (1, p + 1, 1)] for p in range(10, 14)] + [[(0, p, 1)] for p in range(14, 22)]
+BLOCK_TABLES = [[11, 3, 7, 0, 14, 9], [5, 12, 2, 8]]
+
+
+def run_cpp_layers(model, tokens, tpb=4):
+    """Every step of STEPS through CpuDecodeLayers; returns {(sequence, position): h row}."""
+    c = model.config
+    kv_caches = [(torch.zeros(16, c.num_kv_heads, tpb, c.head_dim), torch.zeros(16, c.num_kv_heads, tpb, c.head_dim))
+                 for _ in range(c.num_layers)]
+    layers = fused_decode.CpuDecodeLayers(model, kv_caches, max_blocks_per_seq=6)
+    table = torch.full((2, 6), -1, dtype=torch.int32)
+    for i, row in enumerate(BLOCK_TABLES):
+        table[i, :len(row)] = torch.tensor(row, dtype=torch.int32)
+    out = {}
+    for step in STEPS:
+        seqs = [s for s, _, _ in step]
+        positions = [p for _, first, n in step for p in range(first, first + n)]
+        rows = [(s, p) for s, first, n in step for p in range(first, first + n)]
+        assert len(rows) <= layers.max_rows
+        meta = SimpleNamespace(
+            slot_mapping=torch.tensor([BLOCK_TABLES[s][p // tpb] * tpb + p % tpb for s, p in rows], dtype=torch.int32),
+            query_start_loc=torch.tensor([0] + list(itertools.accumulate(n for _, _, n in step)), dtype=torch.int32),
+            seq_lens=torch.tensor([first + n for _, first, n in step], dtype=torch.int32),
+            block_tables=table[seqs].contiguous())
+        h = model.embed_tokens(torch.tensor([tokens[s][p] for s, p in rows])).contiguous()
+        layers.run(h, torch.tensor(positions, dtype=torch.int32), meta)
+        out.update({key: h[i].clone() for i, key in enumerate(rows)})
+    return out
+
+
+@pytest.mark.parametrize("variant", [dict(model_type="llama", num_heads=4, num_kv_heads=2),
+                                     dict(model_type="qwen3", num_heads=4, num_kv_heads=2, head_dim=32)])
+def test_cpp_decode_layers_with_per_layer_windows_nope_layers_and_softcap(checkpoint_factory, variant, cpu_isa):
+    model_dir = checkpoint_factory(f"fused3_{variant['model_type']}", num_layers=3, **variant)
+    model = load_model(model_dir)
+    model.layer_sliding_windows, model.layer_uses_rope, model.attn_softcap = WINDOWS, USES_ROPE, SOFTCAP
+    g = torch.Generator().manual_seed(0)
+    tokens = [torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist() for n in SEQ_LENS]
+    got = run_cpp_layers(model, tokens)
+    assert len(got) == sum(SEQ_LENS)
+    tol = dict(atol=1e-4, rtol=1e-4)  # fp32 kernels against float64 over three layers
+
+    def compare(windows, uses_rope, softcap):
+        """The largest difference from the reference, checking the given settings."""
+        worst = 0.0
+        for s, ids in enumerate(tokens):
+            ref = reference_hidden(model, ids, windows, uses_rope, softcap)
+            for p in range(len(ids)):
+                worst = max(worst, float(((got[s, p].double() - ref[p]).abs() - tol["rtol"] * ref[p].abs()).max()))
+        return worst
+
+    assert compare(WINDOWS, USES_ROPE, SOFTCAP) <= tol["atol"]
+    # each setting shows: the reference without it is far off (a kernel that dropped it would fail)
+    assert compare([0, 0, 0], USES_ROPE, SOFTCAP) > 50 * tol["atol"]
+    assert compare([WINDOWS[0]] * 3, USES_ROPE, SOFTCAP) > 50 * tol["atol"]
+    assert compare(WINDOWS, [True] * 3, SOFTCAP) > 50 * tol["atol"]
+    assert compare(WINDOWS, USES_ROPE, 0.0) > 50 * tol["atol"]
+
+
+def test_layer_settings_default_to_the_model_wide_window_and_rope(checkpoint_factory):
+    model = load_model(checkpoint_factory("fused3_llama", model_type="llama", num_layers=3, num_heads=4,
+                                          num_kv_heads=2))
+    assert not hasattr(model, "layer_sliding_windows") and not hasattr(model, "layer_uses_rope")
+    model.sliding_window = 5
+    assert fused_decode.layer_settings(model) == ([5, 5, 5], [True, True, True])
+    layers = fused_decode.CpuDecodeLayers(model, [(torch.zeros(4, 2, 4, 16), torch.zeros(4, 2, 4, 16))] * 3, 2)
+    assert layers.layer_ptrs[:, _core.DECODE_LAYER_SLIDING_WINDOW].tolist() == [5, 5, 5]
+    assert layers.layer_ptrs[:, _core.DECODE_LAYER_USE_ROPE].tolist() == [1, 1, 1]
+    model.layer_sliding_windows, model.layer_uses_rope = (4, 0, 4), [1, 0, 0]
+    assert fused_decode.layer_settings(model) == ([4, 0, 4], [True, False, False])
+
+
+@pytest.mark.parametrize("windows, uses_rope, softcap, match", [
+    ([4, 0], None, 0.0, r"layer_sliding_windows / layer_uses_rope: 2 / 3 entries for 3 layers"),
+    (None, [True], 0.0, r"1 entries for 3 layers"),
+    ([4, -1, 0], None, 0.0, r"layer_sliding_windows: entry 1 is -1"),
+    ([4, 2.5, 0], None, 0.0, r"layer_sliding_windows: entry 1 is 2.5"),
+    (None, None, -3.0, r"softcap: must be finite and >= 0 \(0 disables it\), got -3.0"),
+    (None, None, float("nan"), r"softcap: .* got nan"),
+])
+def test_bad_layer_settings_are_refused(checkpoint_factory, windows, uses_rope, softcap, match):
+    model = load_model(checkpoint_factory("fused3_llama", model_type="llama", num_layers=3, num_heads=4,
+                                          num_kv_heads=2))
+    if windows is not None:
+        model.layer_sliding_windows = windows
+    if uses_rope is not None:
+        model.layer_uses_rope = uses_rope
+    model.attn_softcap = softcap
+    with pytest.raises(ValueError, match=match):
+        fused_decode.CpuDecodeLayers(model, [(torch.zeros(4, 2, 4, 16), torch.zeros(4, 2, 4, 16))] * 3, 2)
+
+
+@pytest.mark.parametrize("column, value, match", [
+    ("DECODE_LAYER_SLIDING_WINDOW", -1, r"layer_ptrs: layer 2's sliding window is -1"),
+    ("DECODE_LAYER_SLIDING_WINDOW", 1 << 31, r"layer_ptrs: layer 2's sliding window is 2147483648"),
+    ("DECODE_LAYER_USE_ROPE", 2, r"layer_ptrs: layer 2's RoPE flag is 2 \(must be 0 or 1\)"),
+])
+def test_the_kernel_checks_every_layer_before_running(checkpoint_factory, column, value, match):
+    model = load_model(checkpoint_factory("fused3_llama", model_type="llama", num_layers=3, num_heads=4,
+                                          num_kv_heads=2))
+    c = model.config
+    caches = [(torch.zeros(4, c.num_kv_heads, 4, c.head_dim), torch.zeros(4, c.num_kv_heads, 4, c.head_dim))
+              for _ in range(3)]
+    layers = fused_decode.CpuDecodeLayers(model, caches, 2)
+    layers.layer_ptrs[2, getattr(_core, column)] = value
+    meta = SimpleNamespace(slot_mapping=torch.tensor([0], dtype=torch.int32),
+                           query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+                           seq_lens=torch.tensor([1], dtype=torch.int32),
+                           block_tables=torch.tensor([[0, 1]], dtype=torch.int32))
+    h = torch.randn(1, c.hidden_size)
+    before = h.clone()
+    with pytest.raises(ValueError, match=match):
+        layers.run(h, torch.tensor([0], dtype=torch.int32), meta)
+    assert torch.equal(h, before) and all(not k.any() for k, _ in caches)  # nothing ran

@@ -3,8 +3,10 @@
 // the argument.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 
 namespace pyengine::kernels {
 
@@ -36,6 +38,13 @@ inline void check_attention_buffers(const void* out, int64_t out_row_stride, con
   const int64_t row = static_cast<int64_t>(num_heads) * head_dim;
   if (query_row_stride < row) fail("query_row_stride: must be >= num_heads * head_dim");
   if (out_row_stride < row) fail("out_row_stride: must be >= num_heads * head_dim");
+}
+
+// The logit soft-cap: 0 (off) or a finite positive cap.
+inline void check_attention_softcap(float softcap) {
+  if (!(softcap >= 0.0f) || std::isinf(softcap))
+    throw std::invalid_argument("softcap: must be finite and >= 0 (0 disables it), got " +
+                                std::to_string(softcap));
 }
 
 }  // namespace pyengine::kernels

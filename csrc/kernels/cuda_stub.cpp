@@ -27,8 +27,8 @@ void store_kv(const void*, const void*, int64_t, int64_t, DType, void*, void*, D
 
 void paged_attention(void*, int64_t, const void*, int64_t, DType, const void*, const void*, DType,
                      float, float, const int32_t*, const int32_t*, const int32_t*, int32_t, int32_t,
-                     int32_t, int32_t, int32_t, int32_t, int32_t, float, int32_t, int32_t, int32_t,
-                     void*, size_t, int32_t, void*) {
+                     int32_t, int32_t, int32_t, int32_t, int32_t, float, int32_t, float, int32_t,
+                     int32_t, void*, size_t, int32_t, void*) {
   not_built();
 }
 

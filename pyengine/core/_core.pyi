@@ -30,6 +30,8 @@ class DType(enum.IntEnum):
 QUEUE_POLICIES: dict[str, QueuePolicy]
 CAPACITY_POLICIES: dict[str, CapacitySchedulerPolicy]
 DECODE_LAYER_POINTERS: int
+DECODE_LAYER_SLIDING_WINDOW: int
+DECODE_LAYER_USE_ROPE: int
 LINEAR_MAX_ROWS: int
 
 class CoreBatchManager:
@@ -92,9 +94,9 @@ class CoreDecodeShape:
     """All decoder layers of a small bf16 or fp32 batch in one call (csrc/include/pyengine/cpu_decode.h)."""
 
     def __init__(self, *, num_layers: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 intermediate: int, rms_norm_eps: float, scale: float, sliding_window: int, max_position: int,
+                 intermediate: int, rms_norm_eps: float, scale: float, max_position: int,
                  tokens_per_block: int, max_blocks_per_seq: int, num_blocks: int, cache_dtype: int, dtype: int,
-                 quantized: bool = False) -> None: ...
+                 quantized: bool = False, attn_softcap: float = 0.0) -> None: ...
     def scratch_elements(self, num_tokens: int) -> int: ...
     def run(self, h: int, num_tokens: int, layer_ptrs: int, cos: int, sin: int, positions: int, slot_mapping: int,
             query_start_loc: int, seq_lens: int, block_tables: int, num_seqs: int, scratch: int,
@@ -112,7 +114,7 @@ def _paged_attention(out: int, out_row_stride: int, query: int, query_row_stride
                      v_cache: int, cache_dtype: int, query_start_loc: int, seq_lens: int, block_tables: int,
                      num_seqs: int, num_tokens: int, max_blocks_per_seq: int, num_heads: int, num_kv_heads: int,
                      head_dim: int, tokens_per_block: int, num_blocks: int, scale: float, sliding_window: int,
-                     num_threads: int) -> None: ...
+                     num_threads: int, softcap: float = 0.0) -> None: ...
 def _linear_bf16(y: int, x: int, weight: int, bias: int, M: int, N: int, K: int, num_threads: int) -> None: ...
 def _linear_f32(y: int, x: int, weight: int, bias: int, M: int, N: int, K: int, num_threads: int) -> None: ...
 def _cpu_isa() -> str: ...
@@ -144,7 +146,7 @@ def _cuda_paged_attention(out: int, out_row_stride: int, query: int, query_row_s
                           max_blocks_per_seq: int, num_heads: int, num_kv_heads: int, head_dim: int,
                           tokens_per_block: int, scale: float, sliding_window: int, max_query_len: int,
                           max_context_len: int, workspace: int, workspace_bytes: int, device: int,
-                          stream: int) -> None: ...
+                          stream: int, softcap: float = 0.0) -> None: ...
 
 # quantized weights (_quant.pxi)
 def _quant_format(type_id: int) -> tuple[str, int, int]: ...

@@ -32,9 +32,9 @@ cdef extern from "pyengine/cuda_kernels.h" namespace "pyengine::kernels::cuda" n
         float k_scale, float v_scale, const int32_t* query_start_loc, const int32_t* seq_lens,
         const int32_t* block_tables, int32_t num_seqs, int32_t num_tokens,
         int32_t max_blocks_per_seq, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
-        int32_t tokens_per_block, float scale, int32_t sliding_window, int32_t max_query_len,
-        int32_t max_context_len, void* workspace, size_t workspace_bytes, int32_t device,
-        void* stream) except +
+        int32_t tokens_per_block, float scale, int32_t sliding_window, float softcap,
+        int32_t max_query_len, int32_t max_context_len, void* workspace, size_t workspace_bytes,
+        int32_t device, void* stream) except +
 
 
 def _cuda_kernels_built():
@@ -94,9 +94,11 @@ def _cuda_paged_attention(uintptr_t out, int64_t out_row_stride, uintptr_t query
                           int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
                           int32_t tokens_per_block, float scale, int32_t sliding_window,
                           int32_t max_query_len, int32_t max_context_len, uintptr_t workspace,
-                          size_t workspace_bytes, int32_t device, uintptr_t stream):
+                          size_t workspace_bytes, int32_t device, uintptr_t stream,
+                          float softcap=0.0):
     """Raw CUDA paged_attention: device addresses on CUDA device `device`, DType ints, the stream
-    as an address. Raises ValueError (naming the argument) on invalid arguments, RuntimeError
+    as an address; softcap (last, so that older positional calls keep their meaning) > 0
+    soft-caps the logits. Raises ValueError (naming the argument) on invalid arguments, RuntimeError
     when the launch fails, the GPU is older than compute capability 8.0 or the build has no CUDA
     kernels."""
     with nogil:
@@ -106,6 +108,6 @@ def _cuda_paged_attention(uintptr_t out, int64_t out_row_stride, uintptr_t query
                              <const int32_t*>query_start_loc, <const int32_t*>seq_lens,
                              <const int32_t*>block_tables, num_seqs, num_tokens,
                              max_blocks_per_seq, num_heads, num_kv_heads, head_dim,
-                             tokens_per_block, scale, sliding_window, max_query_len,
+                             tokens_per_block, scale, sliding_window, softcap, max_query_len,
                              max_context_len, <void*>workspace, workspace_bytes, device,
                              <void*>stream)

@@ -5,11 +5,14 @@ from libc.stdint cimport int32_t, int64_t, uintptr_t
 
 cdef extern from "pyengine/cpu_decode.h" namespace "pyengine::kernels" nogil:
     const int32_t kDecodeLayerPointers
+    const int32_t kSlidingWindow
+    const int32_t kUseRope
     const int32_t kMaxQuantLinearParts
     cdef struct DecodeShape:
         int32_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate
         float rms_norm_eps, scale
-        int32_t sliding_window, max_position, tokens_per_block, max_blocks_per_seq
+        float attn_softcap
+        int32_t max_position, tokens_per_block, max_blocks_per_seq
         int32_t num_blocks
         DType cache_dtype
         DType dtype
@@ -24,6 +27,9 @@ cdef extern from "pyengine/cpu_decode.h" namespace "pyengine::kernels" nogil:
 
 
 DECODE_LAYER_POINTERS = kDecodeLayerPointers
+# the per-layer integers' columns of the layer table (after the tensor addresses)
+DECODE_LAYER_SLIDING_WINDOW = kSlidingWindow
+DECODE_LAYER_USE_ROPE = kUseRope
 MAX_QUANT_LINEAR_PARTS = kMaxQuantLinearParts
 
 
@@ -33,9 +39,9 @@ cdef class CoreDecodeShape:
 
     def __init__(self, *, int32_t num_layers, int32_t hidden, int32_t num_heads, int32_t num_kv_heads,
                  int32_t head_dim, int32_t intermediate, float rms_norm_eps, float scale,
-                 int32_t sliding_window, int32_t max_position, int32_t tokens_per_block,
-                 int32_t max_blocks_per_seq, int32_t num_blocks, int cache_dtype, int dtype,
-                 bint quantized=False):
+                 int32_t max_position, int32_t tokens_per_block, int32_t max_blocks_per_seq,
+                 int32_t num_blocks, int cache_dtype, int dtype, bint quantized=False,
+                 float attn_softcap=0.0):
         self.s.num_layers = num_layers
         self.s.hidden = hidden
         self.s.num_heads = num_heads
@@ -44,7 +50,7 @@ cdef class CoreDecodeShape:
         self.s.intermediate = intermediate
         self.s.rms_norm_eps = rms_norm_eps
         self.s.scale = scale
-        self.s.sliding_window = sliding_window
+        self.s.attn_softcap = attn_softcap
         self.s.max_position = max_position
         self.s.tokens_per_block = tokens_per_block
         self.s.max_blocks_per_seq = max_blocks_per_seq

@@ -33,7 +33,7 @@ cdef extern from "pyengine/kernels.h" namespace "pyengine::kernels" nogil:
                          int32_t num_tokens, int32_t max_blocks_per_seq, int32_t num_heads,
                          int32_t num_kv_heads, int32_t head_dim, int32_t tokens_per_block,
                          int32_t num_blocks, float scale, int32_t sliding_window,
-                         int32_t num_threads) except +
+                         float softcap, int32_t num_threads) except +
 
 
 def _dtype_size(int dtype):
@@ -76,8 +76,10 @@ def _paged_attention(uintptr_t out, int64_t out_row_stride, uintptr_t query,
                      uintptr_t seq_lens, uintptr_t block_tables, int32_t num_seqs,
                      int32_t num_tokens, int32_t max_blocks_per_seq, int32_t num_heads,
                      int32_t num_kv_heads, int32_t head_dim, int32_t tokens_per_block,
-                     int32_t num_blocks, float scale, int32_t sliding_window, int32_t num_threads):
-    """Raw paged_attention: addresses are tensor.data_ptr() values, dtypes DType ints. Raises
+                     int32_t num_blocks, float scale, int32_t sliding_window, int32_t num_threads,
+                     float softcap=0.0):
+    """Raw paged_attention: addresses are tensor.data_ptr() values, dtypes DType ints; softcap
+    (last, so that older positional calls keep their meaning) > 0 soft-caps the logits. Raises
     ValueError (naming the argument) on invalid arguments, indices outside the cache or the
     query rows included."""
     with nogil:
@@ -86,4 +88,5 @@ def _paged_attention(uintptr_t out, int64_t out_row_stride, uintptr_t query,
                         <DType>cache_dtype, <const int32_t*>query_start_loc,
                         <const int32_t*>seq_lens, <const int32_t*>block_tables, num_seqs,
                         num_tokens, max_blocks_per_seq, num_heads, num_kv_heads, head_dim,
-                        tokens_per_block, num_blocks, scale, sliding_window, num_threads)
+                        tokens_per_block, num_blocks, scale, sliding_window, softcap,
+                        num_threads)

@@ -15,7 +15,7 @@ import torch
 
 import pyengine.core._core as _core
 from pyengine.dtypes import ACTIVATION_CODES, CACHE_CODES
-from pyengine.layers._kernel_checks import attention_args, check_device, store_kv_args
+from pyengine.layers._kernel_checks import attention_args, check_device, check_softcap, store_kv_args
 
 _FP8 = CACHE_CODES[torch.float8_e4m3fn]
 
@@ -88,8 +88,10 @@ def paged_attention_workspace(num_tokens: int, num_heads: int, head_dim: int, ma
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
                     seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, sliding_window: int = 0, *,
                     max_query_len: int, max_context_len: int, workspace: torch.Tensor,
-                    out: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                    out: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+                    softcap: float = 0.0) -> torch.Tensor:
     """`pyengine.layers.attention.paged_attention` on CUDA tensors."""
+    softcap = check_softcap(softcap)
     device = _cuda_device(query, "query")
     a = attention_args(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, out, device,
                        CACHE_CODES)
@@ -115,5 +117,6 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         a.num_seqs, a.num_tokens, block_tables.shape[1], a.num_heads, a.num_kv_heads, a.head_dim,
         a.tokens_per_block, float(scale), int(sliding_window), int(max_query_len),
         int(max_context_len), workspace.data_ptr(), workspace.numel(), device.index, _stream(device),
+        softcap,
     )
     return a.out

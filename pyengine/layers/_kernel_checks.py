@@ -7,6 +7,8 @@ so nothing synchronizes with a device. Every error is a ``ValueError`` naming th
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +18,7 @@ import pyengine.core._core as _core
 from pyengine.dtypes import ACTIVATION_CODES as DTYPE_CODES
 
 _CPU = torch.device("cpu")
+_F32 = torch.finfo(torch.float32)
 
 
 def check_device(t: torch.Tensor, name: str, device: torch.device) -> None:
@@ -188,6 +191,20 @@ def attention_args(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
             raise ValueError(f"out: {out.shape[0]} rows, query has {num_tokens}")
     return AttentionArgs(q_code, cache_code, q_stride, out, out_stride, num_tokens, num_seqs, num_heads,
                          num_kv_heads, head_dim, tokens_per_block)
+
+
+def check_softcap(softcap: float) -> float:
+    """The attention logit soft-cap as the kernels take it (a float32): 0 (off) or a finite value
+    > 0 that float32 holds (a tiny one would round to 0, turning the cap off unnoticed)."""
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):  # float() would take "3"
+        raise ValueError(f"softcap: expected a real number, got {softcap!r}")
+    cap = float(softcap)
+    if not math.isfinite(cap) or cap < 0:
+        raise ValueError(f"softcap: must be finite and >= 0 (0 disables it), got {softcap!r}")
+    if cap != 0 and not _F32.tiny <= cap <= _F32.max:
+        raise ValueError(f"softcap: {softcap!r} is outside float32's normal range "
+                         f"[{_F32.tiny}, {_F32.max}] (0 disables it)")
+    return cap
 
 
 def check_slot_contents(slot_mapping: torch.Tensor, num_blocks: int, tokens_per_block: int) -> None:

@@ -33,7 +33,7 @@ import torch
 import pyengine.core._core as _core
 from pyengine.layers import _attention_cuda
 from pyengine.layers._kernel_checks import (attention_args, check_attention_contents, check_slot_contents,
-                                            store_kv_args)
+                                            check_softcap, store_kv_args)
 
 __all__ = ["store_kv", "paged_attention", "paged_attention_workspace"]
 
@@ -107,6 +107,7 @@ def paged_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     check_indices: bool = False,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Causal attention of each sequence's query rows over its paged KV cache.
 
@@ -138,14 +139,18 @@ def paged_attention(
             only; 1.0 on the CPU).
         check_indices: CUDA only (the CPU kernel always checks): check the index tensors'
             contents on the host first (copies them to the host: synchronizes).
+        softcap: attention logit soft-capping (Gemma 2's ``attn_logit_softcapping``): if > 0,
+            each score ``s = scale * q.k`` becomes ``softcap * tanh(s / softcap)`` before the
+            causal / sliding-window mask and the softmax. 0 (the default) turns it off.
 
     Returns:
         ``out``, ``[num_tokens, num_heads, head_dim]`` in query's dtype.
 
     Raises:
-        ValueError: on a bad dtype, device, shape or layout, or inconsistent index tensors (the
-            message names the argument).
+        ValueError: on a bad dtype, device, shape or layout, inconsistent index tensors, or a
+            negative, infinite or NaN softcap (the message names the argument).
     """
+    softcap = check_softcap(softcap)
     if query.is_cuda:
         if max_query_len is None or max_context_len is None or workspace is None:
             raise ValueError("paged_attention on CUDA needs max_query_len, max_context_len and workspace")
@@ -155,7 +160,7 @@ def paged_attention(
         return _attention_cuda.paged_attention(
             query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window,
             max_query_len=max_query_len, max_context_len=max_context_len, workspace=workspace, out=out,
-            k_scale=k_scale, v_scale=v_scale)
+            k_scale=k_scale, v_scale=v_scale, softcap=softcap)
     _check_unit_scales(k_scale, v_scale)
     a = attention_args(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, out)
     if a.num_tokens == 0 or a.num_seqs == 0:
@@ -165,7 +170,7 @@ def paged_attention(
         k_cache.data_ptr(), v_cache.data_ptr(), a.cache_code, query_start_loc.data_ptr(),
         seq_lens.data_ptr(), block_tables.data_ptr(), a.num_seqs, a.num_tokens, block_tables.shape[1],
         a.num_heads, a.num_kv_heads, a.head_dim, a.tokens_per_block, k_cache.shape[0], float(scale),
-        int(sliding_window), torch.get_num_threads(),
+        int(sliding_window), torch.get_num_threads(), softcap,
     )
     return a.out
 

@@ -9,11 +9,13 @@ without the few hundred Python calls per step around them.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 import pyengine.core._core as _core
 from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS, FAST_FP32_MAX_ROWS
-from pyengine.layers._kernel_checks import dtype_code
+from pyengine.layers._kernel_checks import check_softcap, dtype_code
 from pyengine.quant import QuantizedWeight
 
 __all__ = ["CpuDecodeLayers"]
@@ -21,6 +23,32 @@ __all__ = ["CpuDecodeLayers"]
 _QUANT_LINEARS = ("qkv", "o", "gate_up", "down")
 _QUANT_DESC_WORDS = 1 + 3 * _core.MAX_QUANT_LINEAR_PARTS
 _ORDER = ("input_norm", "post_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "gate_up", "down")
+
+
+def layer_settings(model) -> tuple[list[int], list[bool]]:
+    """Each layer's attention window (0: full attention) and whether it applies RoPE:
+    ``model.layer_sliding_windows`` / ``model.layer_uses_rope`` where the model has them (Gemma 2/3
+    alternate sliding and global layers, Qwen2 windows only some, SmolLM3 skips RoPE on some),
+    else ``model.sliding_window`` and RoPE on every layer."""
+    n = model.config.num_layers
+    windows = getattr(model, "layer_sliding_windows", None)
+    windows = [model.sliding_window] * n if windows is None else list(windows)
+    uses_rope = getattr(model, "layer_uses_rope", None)
+    uses_rope = [True] * n if uses_rope is None else list(uses_rope)
+    if len(windows) != n or len(uses_rope) != n:
+        raise ValueError(f"model.layer_sliding_windows / layer_uses_rope: {len(windows)} / {len(uses_rope)} "
+                         f"entries for {n} layers")
+    checked = []
+    for i, w in enumerate(windows):
+        try:
+            value = operator.index(w)  # ints and integer scalars (numpy, torch), not floats
+        except TypeError:
+            value = None
+        if value is None or isinstance(w, bool) or not 0 <= value < 2 ** 31:
+            raise ValueError(f"model.layer_sliding_windows: entry {i} is {w!r}, expected an int in [0, 2^31) "
+                             "(0 = full attention)")
+        checked.append(value)
+    return checked, [bool(r) for r in uses_rope]
 
 
 class CpuDecodeLayers:
@@ -33,23 +61,28 @@ class CpuDecodeLayers:
         self.quantized = model.quantized
         if self.quantized:  # the linears' QuantLinearDesc records, addressed by the layer pointers
             self.quant_descs = torch.zeros((c.num_layers, len(_QUANT_LINEARS), _QUANT_DESC_WORDS), dtype=torch.int64)
+        windows, uses_rope = layer_settings(model)
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(model.layers, kv_caches)):
             ptrs = [0 if layer[name] is None else layer[name].data_ptr() for name in _ORDER]
             if self.quantized:
                 for j, name in enumerate(_QUANT_LINEARS):
                     ptrs[_ORDER.index(name)] = self._describe(layer[name], self.quant_descs[i, j])
-            rows.append(ptrs + [k_cache.data_ptr(), v_cache.data_ptr()])
+            # then the layer's plain integers (not addresses): window, RoPE flag
+            rows.append(ptrs + [k_cache.data_ptr(), v_cache.data_ptr(), windows[i], int(uses_rope[i])])
         assert len(rows[0]) == _core.DECODE_LAYER_POINTERS
+        assert len(rows[0]) - 2 == _core.DECODE_LAYER_SLIDING_WINDOW == _core.DECODE_LAYER_USE_ROPE - 1
         self.layer_ptrs = torch.tensor(rows, dtype=torch.int64)
         # The addresses above stay valid while the runner that owns this binding lives (it holds
         # the model and the KV pool).
         self.shape = _core.CoreDecodeShape(
             num_layers=c.num_layers, hidden=c.hidden_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
             head_dim=c.head_dim, intermediate=c.intermediate_size, rms_norm_eps=c.rms_norm_eps,
-            scale=model.scale, sliding_window=model.sliding_window, max_position=model.cos.shape[0],
+            scale=model.scale, max_position=model.cos.shape[0],
             tokens_per_block=k0.shape[2], max_blocks_per_seq=max_blocks_per_seq, num_blocks=k0.shape[0],
             cache_dtype=dtype_code(k0, "k_cache"), dtype=dtype_code(model.norm, "weights"),
-            quantized=self.quantized)
+            quantized=self.quantized,
+            # Gemma 2's attn_logit_softcapping (None or absent: off)
+            attn_softcap=check_softcap(getattr(model, "attn_softcap", 0.0) or 0.0))
         # the row counts at which the model's linears are pyengine's kernels (see layers.linear.dense;
         # quantized weights: at any count, up to what one call takes)
         if self.quantized:

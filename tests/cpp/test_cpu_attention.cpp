@@ -7,12 +7,16 @@
 // queries and caches: decode rows, a prefill chunk after earlier KV, a full prefill, a sequence
 // with no query rows in the batch, MHA / GQA / MQA, head_dim 64, 80, 40 and 12, a sliding window
 // (with the blocks no query can see absent from the block table), a long context that the
-// kernel splits across threads (split-K), 1 and 3 threads.
+// kernel splits across threads (split-K), 1 and 3 threads; logit soft-capping (softcap * tanh(s /
+// softcap), with caps small enough that the scores reach tanh's flat part) with and without a
+// window, in decode, prefill and split-K shapes.
 //
 // Tolerance of each output element, derived from the kernel's fp32 arithmetic (u = 2^-24,
 // gamma(k) = k u / (1 - k u), the usual bound on k successive roundings):
 //   scores   |s^ - s| <= delta_t = gamma(D + 1) * scale * sum_i |q_i k_ti| (q scaled and rounded,
 //            D products and additions in any order);
+//   softcap  c * tanh(s / c) has slope <= 1, so delta_t carries over, plus c * (e_tanh + 2 u)
+//            (the kernel's tanh, the rounding of s / c -- |x| sech^2 x < 1 -- and of c * tanh);
 //   weights  each probability exp(s_t - m) is perturbed relatively by at most
 //            eps = max_t delta_t + r * (e_exp + u * R): the score error, and r = 2 * blocks + 1
 //            evaluations of the kernel's exp (the token's own, one online-softmax rescale per
@@ -29,6 +33,10 @@
 // reduction, a degree-7 Taylor polynomial on |r| <= ln2 / 2 and an exact scaling by 2^n) has a
 // truncation error below (ln2/2)^8 / 8! < 6e-9 and 16 roundings in its Horner steps, each
 // contributing at most u relative: e_exp = 16 u + 6e-9.
+// e_tanh: the kernel's tanh (attention_impl.h tanh_f), absolute: below |x| = 0.3 a Taylor
+// polynomial (truncation < 6e-10, Horner roundings < 8 u |x|); above, (1 - e) / (1 + e) with
+// e = exp_neg(-2|x|) <= 0.55: e_exp / 2 from e, u from each of the three roundings:
+// e_tanh = 12 u + 6e-9.
 //
 // store_kv: every source / cache dtype pair, rows with padding, slots in shuffled blocks and a
 // skipped (negative) slot: each element lands at (block, head, offset) and is the reference
@@ -59,6 +67,7 @@ namespace {
 
 constexpr double kU = fpref::kU32;
 constexpr double kExpRelErr = 16 * kU + 6e-9;
+constexpr double kTanhAbsErr = 12 * kU + 6e-9;
 
 double gamma(double k) { return k * kU / (1.0 - k * kU); }
 
@@ -80,6 +89,7 @@ struct Shape {
   const char* name;
   int32_t heads, kv_heads, head_dim, tokens_per_block, window;
   std::vector<Seq> seqs;
+  float softcap = 0.0f;  // > 0: logit soft-capping
 };
 
 const std::vector<Shape>& shapes() {
@@ -96,6 +106,13 @@ const std::vector<Shape>& shapes() {
        {{300, 40}}},
       {"head_dim 40 and 3 tokens per block, GQA 6:3", 6, 3, 40, 3, 0, {{20, 7}, {9, 1}}},
       {"head_dim 12, MQA 2:1", 2, 1, 12, 16, 0, {{37, 5}, {2, 2}}},
+      // scores up to ~1.5 here: a cap of 0.4 takes tanh far into its flat part, 2.5 barely bends it
+      {"softcap 0.4: decode rows, a prefill chunk and a full prefill, GQA 8:2, head_dim 80", 8, 2, 80, 16, 0,
+       {{45, 13}, {29, 29}, {50, 1}, {1, 1}}, 0.4f},
+      {"softcap 2.5 with sliding window 7, MQA 4:1, head_dim 64, 5 tokens per block", 4, 1, 64, 5, 7,
+       {{40, 12}, {23, 23}, {31, 1}}, 2.5f},
+      {"softcap 0.25, long decode context (split-K), GQA 4:2, head_dim 64", 4, 2, 64, 16, 0,
+       {{700, 1}, {520, 2}}, 0.25f},
   };
   return s;
 }
@@ -188,7 +205,7 @@ void check_problem(const Problem& pb, int32_t threads, Stats& st) {
                   pb.k_cache.data(), pb.v_cache.data(), pb.cache_dtype, pb.query_start_loc.data(),
                   pb.seq_lens.data(), pb.block_tables.data(), static_cast<int32_t>(sh.seqs.size()),
                   pb.num_tokens, pb.max_blocks, sh.heads, sh.kv_heads, D, T, pb.num_blocks, scale,
-                  sh.window, threads);
+                  sh.window, sh.softcap, threads);
 
   const double u_out = fpref::unit_roundoff(pb.q_dtype);
   const double abs_out = pb.q_dtype == DType::kFloat16 ? fpref::kF16SubnormalHalfStep : 0.0;
@@ -214,6 +231,11 @@ void check_problem(const Problem& pb, int32_t threads, Stats& st) {
           }
           sc[t] = dot * scale;
           delta[t] = gamma(D + 1) * scale * mag;
+          if (sh.softcap > 0) {
+            const double c = sh.softcap;
+            sc[t] = c * std::tanh(sc[t] / c);
+            delta[t] += c * (kTanhAbsErr + 2 * kU);
+          }
         }
         const double mx = *std::max_element(sc.begin(), sc.end());
         const double mn = *std::min_element(sc.begin(), sc.end());
@@ -409,7 +431,7 @@ TEST(the_cpu_kernels_refuse_float8) {
   float buf[4] = {};
   int32_t zero[2] = {0, 1};
   CHECK_THROWS(paged_attention(buf, 1, buf, 1, DType::kFloat32, buf, buf, DType::kFloat8E4M3,
-                               zero, zero + 1, zero, 1, 1, 1, 1, 1, 1, 1, 1, 1.0f, 0, 1),
+                               zero, zero + 1, zero, 1, 1, 1, 1, 1, 1, 1, 1, 1.0f, 0, 0.0f, 1),
                std::invalid_argument, "cache_dtype: float8_e4m3");
   CHECK_THROWS(store_kv(buf, buf, 1, 1, DType::kFloat32, buf, buf, DType::kFloat8E4M3, zero, 1, 1,
                         1, 1, 1),
@@ -435,23 +457,41 @@ TEST(the_cpu_kernels_bound_every_index) {
   std::vector<int32_t> qsl{0, 1}, lens{3}, table{0, 3};  // block 3 does not exist
   CHECK_THROWS(paged_attention(out.data(), H * D, rows.data(), H * D, DType::kFloat32, cache.data(),
                                v_cache.data(), DType::kFloat32, qsl.data(), lens.data(), table.data(), 1, 2, 2, H,
-                               H, D, T, blocks, 0.5f, 0, 1),
+                               H, D, T, blocks, 0.5f, 0, 0.0f, 1),
                std::invalid_argument, "block_tables: block id 3 for sequence 0, block 1 is outside the cache's 3 blocks");
   table = {0, 2};
   qsl = {0, 3};  // three query rows, the query has two
   CHECK_THROWS(paged_attention(out.data(), H * D, rows.data(), H * D, DType::kFloat32, cache.data(),
                                v_cache.data(), DType::kFloat32, qsl.data(), lens.data(), table.data(), 1, 2, 2, H,
-                               H, D, T, blocks, 0.5f, 0, 1),
+                               H, D, T, blocks, 0.5f, 0, 0.0f, 1),
                std::invalid_argument, "query_start_loc: ends at 3, beyond the 2 query rows");
   lens = {5};  // needs 3 blocks, the table has 2
   qsl = {0, 1};
   CHECK_THROWS(paged_attention(out.data(), H * D, rows.data(), H * D, DType::kFloat32, cache.data(),
                                v_cache.data(), DType::kFloat32, qsl.data(), lens.data(), table.data(), 1, 2, 2, H,
-                               H, D, T, blocks, 0.5f, 0, 1),
+                               H, D, T, blocks, 0.5f, 0, 0.0f, 1),
                std::invalid_argument, "seq_lens: seq_lens[0] = 5 needs more than max_blocks_per_seq blocks");
   lens = {3};
   paged_attention(out.data(), H * D, rows.data(), H * D, DType::kFloat32, cache.data(), v_cache.data(),
-                  DType::kFloat32, qsl.data(), lens.data(), table.data(), 1, 2, 2, H, H, D, T, blocks, 0.5f, 0, 1);
+                  DType::kFloat32, qsl.data(), lens.data(), table.data(), 1, 2, 2, H, H, D, T, blocks, 0.5f, 0, 0.0f, 1);
+}
+
+TEST(paged_attention_refuses_a_negative_or_non_finite_softcap) {
+  const int32_t H = 1, D = 4, T = 2, blocks = 2;
+  std::vector<float> cache(static_cast<size_t>(blocks) * H * T * D, 0.5f), rows(H * D, 1.0f), out(H * D, 0.0f);
+  std::vector<int32_t> qsl{0, 1}, lens{3}, table{0, 1};
+  auto run = [&](float softcap) {
+    paged_attention(out.data(), H * D, rows.data(), H * D, DType::kFloat32, cache.data(), cache.data(),
+                    DType::kFloat32, qsl.data(), lens.data(), table.data(), 1, 1, 2, H, H, D, T, blocks, 0.5f, 0,
+                    softcap, 1);
+  };
+  CHECK_THROWS(run(-1.0f), std::invalid_argument, "softcap: must be finite and >= 0 (0 disables it), got -1");
+  CHECK_THROWS(run(NAN), std::invalid_argument, "softcap: must be finite and >= 0");
+  CHECK_THROWS(run(INFINITY), std::invalid_argument, "softcap: must be finite and >= 0");
+  run(0.0f);  // off
+  CHECK_EQ(out[0], 0.5f);
+  run(30.0f);
+  CHECK_EQ(out[0], 0.5f);  // every key the same: any cap gives the mean of equal values
 }
 
 TEST_MAIN()

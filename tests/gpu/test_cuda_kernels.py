@@ -42,19 +42,21 @@ def make_batch(specs, num_heads, num_kv_heads, head_dim, tokens_per_block, dtype
     return inputs, kvs
 
 
-def reference(query, kvs, specs, scale, window):
+def reference(query, kvs, specs, scale, window, softcap=0.0):
     """fp64 for fp32 activations, fp32 otherwise (long contexts), returned in fp32."""
     acc = torch.float64 if query.dtype == torch.float32 else torch.float32
-    return ref_attention(query, kvs, specs, scale, window, acc).float()
+    return ref_attention(query, kvs, specs, scale, window, acc, softcap=softcap).float()
 
 
 def run_case(specs, num_heads, num_kv_heads, head_dim, tokens_per_block, dtype,
              cache_dtype=None, window=0, k_scale=1.0, v_scale=1.0, max_context_len=None,
-             seed=0):
+             seed=0, softcap=0.0, q_mult=1.0):
     cache_dtype = dtype if cache_dtype is None else cache_dtype
     gen = torch.Generator().manual_seed(seed)
     inputs, kvs = make_batch(specs, num_heads, num_kv_heads, head_dim, tokens_per_block, dtype,
                              cache_dtype, gen, window, k_scale, v_scale)
+    if q_mult != 1.0:
+        inputs["query"] = (inputs["query"].float() * q_mult).to(dtype)
     scale = head_dim ** -0.5
     max_query_len = max(q for _, q in specs)
     max_ctx = max(L for L, _ in specs) if max_context_len is None else max_context_len
@@ -62,11 +64,12 @@ def run_case(specs, num_heads, num_kv_heads, head_dim, tokens_per_block, dtype,
     ws = ck.paged_attention_workspace(num_tokens, num_heads, head_dim, max_ctx, DEV)
     out = ck.paged_attention(**inputs, scale=scale, sliding_window=window,
                              max_query_len=max_query_len, max_context_len=max_ctx, workspace=ws,
-                             k_scale=k_scale, v_scale=v_scale)
-    ref = reference(inputs["query"], kvs, specs, scale, window)
+                             k_scale=k_scale, v_scale=v_scale, softcap=softcap)
+    ref = reference(inputs["query"], kvs, specs, scale, window, softcap)
     assert out.dtype == dtype
     assert torch.isfinite(out.float()).all(), "NaN/inf in the output (a stray cache read?)"
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+    return out, ref
 
 
 # ---- decode (max_query_len == 1): flash-decoding, split-K ----
@@ -153,6 +156,49 @@ def test_fp8_cache(dtype, decode, hd):
 def test_fp8_cache_decode_hd256():
     run_case([(2000, 1), (5, 1)], 8, 2, 256, 32, torch.bfloat16, cache_dtype=FP8, k_scale=0.1,
              v_scale=0.1)
+
+
+# ---- logit soft-capping (Gemma 2): softcap * tanh(scale * q.k / softcap) before the mask ----
+# Scores here are about N(0, 1) (x3 with q_mult=3): a cap of 1-5 bends most of them.
+
+@pytest.mark.parametrize(
+    "nh, nkv, hd, tpb, dtype",
+    [
+        (16, 8, 128, 16, torch.bfloat16),
+        (8, 8, 64, 32, torch.float16),
+        (16, 4, 256, 16, torch.bfloat16),  # head_dim 256: the SIMT kernel for prefill too
+        (8, 2, 128, 16, torch.float32),  # fp32: the SIMT kernel
+    ],
+)
+@pytest.mark.parametrize("decode", [True, False])
+@pytest.mark.parametrize("window", [0, 100])
+def test_softcap(nh, nkv, hd, tpb, dtype, decode, window):
+    specs = [(3000, 1), (20, 1), (600, 1), (1, 1)] if decode else PREFILL_SPECS
+    run_case(specs, nh, nkv, hd, tpb, dtype, window=window, softcap=2.0, seed=7)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_softcap_saturated_long_context_splits(dtype):
+    # scores far beyond the cap, one 32k row split many ways next to short rows
+    run_case([(32768, 1), (1, 1), (300, 1)], 16, 8, 128, 16, dtype, softcap=5.0, q_mult=3.0, seed=8)
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_softcap_fp8_cache(decode):
+    # the k_scale is applied before the cap (softcap * tanh(scale * k_scale * q.k_stored / softcap))
+    specs = [(3000, 1), (20, 1)] if decode else [(1500, 400), (33, 1)]
+    run_case(specs, 16, 8, 128, 16, torch.bfloat16, cache_dtype=FP8, k_scale=0.05, v_scale=0.02,
+             softcap=1.5, seed=9)
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_softcap_changes_the_result(decode):
+    """Both kernels with and without the cap: far apart (a kernel that ignored the cap would fail
+    the tests above against the capped reference)."""
+    specs = [(700, 1), (90, 1)] if decode else [(700, 200), (90, 90)]
+    capped, _ = run_case(specs, 16, 8, 128, 16, torch.bfloat16, softcap=1.0, seed=10)
+    plain, _ = run_case(specs, 16, 8, 128, 16, torch.bfloat16, seed=10)
+    assert (capped.float() - plain.float()).abs().max() > 0.1
 
 
 # ---- layouts ----
@@ -272,6 +318,9 @@ def test_python_checks():
     with pytest.raises(ValueError, match="^seq_lens: expected dtype torch.int32"):
         ck.paged_attention(q, cache, cache, idx, idx[:2].long(), bt, 0.1, max_query_len=1,
                            max_context_len=64, workspace=ws)
+    with pytest.raises(ValueError, match=r"^softcap: must be finite and >= 0 \(0 disables it\), got -1.0"):
+        ck.paged_attention(q, cache, cache, idx, idx[:2], bt, 0.1, max_query_len=1,
+                           max_context_len=64, workspace=ws, softcap=-1.0)
     with pytest.raises(ValueError, match="^head_dim:"):
         q96 = torch.zeros(2, 8, 96, device=DEV, dtype=torch.bfloat16)
         c96 = torch.zeros(4, 4, 16, 96, device=DEV, dtype=torch.bfloat16)

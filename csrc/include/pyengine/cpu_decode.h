@@ -1,6 +1,7 @@
 // The decoder layers of a small bf16 or fp32 batch (decode) in one call, with pyengine's own
-// linear kernels (pyengine/cpu_linear.h): per layer RMSNorm -> qkv -> (q/k norm) -> RoPE -> KV store ->
-// paged attention -> o -> residual add + RMSNorm -> gate_up -> SiLU-mul -> down -> residual add,
+// linear kernels (pyengine/cpu_linear.h): per layer RMSNorm -> qkv -> (q/k norm) -> RoPE (on the layers
+// that use it) -> KV store -> paged attention (the layer's sliding window, the model's logit
+// soft-cap) -> o -> residual add + RMSNorm -> gate_up -> SiLU-mul -> down -> residual add,
 // each step the kernel of pyengine/cpu_linear.h, cpu_elementwise.h or kernels.h with the same
 // arguments the Python model would pass. At batch 1 a step's time otherwise goes largely to the
 // per-call overhead of a few hundred Python calls.
@@ -13,17 +14,24 @@
 
 namespace pyengine::kernels {
 
-// Addresses of one layer's tensors, in this order (kDecodeLayerPointers per layer); q_norm,
-// k_norm and qkv_bias are 0 when the model has none.
+// One layer's row of the layer table, in this order (kDecodeLayerPointers entries per layer):
+// the addresses of its tensors (q_norm, k_norm and qkv_bias are 0 when the model has none),
+// then two plain integers, not addresses, since models vary them by layer (Gemma 2/3 alternate
+// sliding-window and global layers, Qwen2 has max_window_layers, SmolLM3 skips RoPE on some):
+//   kSlidingWindow  the layer's attention window as paged_attention's sliding_window
+//                   (0 = full attention), in [0, 2^31);
+//   kUseRope        1: RoPE on q and k; 0: none (NoPE layer).
 enum DecodeLayerPointer : int32_t {
   kInputNorm = 0, kPostNorm, kQkv, kQkvBias, kQNorm, kKNorm, kO, kGateUp, kDown, kKCache, kVCache,
+  kSlidingWindow, kUseRope,
   kDecodeLayerPointers
 };
 
 struct DecodeShape {
   int32_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate;
   float rms_norm_eps, scale;
-  int32_t sliding_window, max_position, tokens_per_block, max_blocks_per_seq;
+  float attn_softcap;  // paged_attention's softcap for every layer (0 = off; Gemma 2: 50)
+  int32_t max_position, tokens_per_block, max_blocks_per_seq;
   int32_t num_blocks;  // in each layer's k/v cache (the kernels check the indices against it)
   DType cache_dtype;
   DType dtype;  // of the activations and weights: kBFloat16 or kFloat32
@@ -51,8 +59,9 @@ int64_t decode_scratch_elements(const DecodeShape& shape, int32_t num_tokens);
 
 // Runs every layer on the residual stream h [num_tokens, hidden] (shape.dtype, updated in place:
 // on return h holds the last layer's output, before the final norm). layer_ptrs: num_layers x
-// kDecodeLayerPointers addresses; cos/sin: [max_position, head_dim] tables of shape.dtype; the
-// metadata as for paged_attention. 1 <= num_tokens <= kLinearMaxRows.
+// kDecodeLayerPointers entries (each layer's window and RoPE flag are checked before anything
+// runs); cos/sin: [max_position, head_dim] tables of shape.dtype; the metadata as for
+// paged_attention. 1 <= num_tokens <= kLinearMaxRows.
 void decode_layers(void* h, int32_t num_tokens, const uintptr_t* layer_ptrs,
                    const DecodeShape& shape, const void* cos, const void* sin,
                    const int32_t* positions, const int32_t* slot_mapping,

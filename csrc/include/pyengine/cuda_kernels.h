@@ -66,7 +66,9 @@ size_t paged_attention_batch_workspace_bytes(DType q_dtype, int32_t num_tokens, 
 int32_t paged_attention_split_k_rows(DType q_dtype, int32_t head_dim, int32_t max_seqs,
                                      int32_t max_tokens);
 
-// Causal paged attention, as pyengine::kernels::paged_attention.
+// Causal paged attention, as pyengine::kernels::paged_attention (sliding_window and the logit
+// soft-cap `softcap` included: > 0 caps every score s = scale * q.k to softcap * tanh(s / softcap)
+// before the mask and softmax, in both kernels; 0 turns it off).
 //   num_tokens       query rows in the batch (query_start_loc[num_seqs]; passed so the launch
 //                    needs no device read).
 //   max_query_len    the longest query of the batch: 1 selects the flash-decoding kernel, more
@@ -83,7 +85,8 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
                      const int32_t* seq_lens, const int32_t* block_tables, int32_t num_seqs,
                      int32_t num_tokens, int32_t max_blocks_per_seq, int32_t num_heads,
                      int32_t num_kv_heads, int32_t head_dim, int32_t tokens_per_block, float scale,
-                     int32_t sliding_window, int32_t max_query_len, int32_t max_context_len,
-                     void* workspace, size_t workspace_bytes, int32_t device, void* stream);
+                     int32_t sliding_window, float softcap, int32_t max_query_len,
+                     int32_t max_context_len, void* workspace, size_t workspace_bytes,
+                     int32_t device, void* stream);
 
 }  // namespace pyengine::kernels::cuda

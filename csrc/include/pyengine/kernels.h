@@ -52,6 +52,9 @@ void store_kv(const void* key, const void* value, int64_t key_row_stride, int64_
 // step's rows, already stored). Works for prefill chunks and decode rows in one batch.
 // GQA/MQA: query head h reads KV head h / (num_heads / num_kv_heads).
 // sliding_window > 0: a query at position p sees KV positions p - sliding_window + 1 .. p.
+// softcap > 0: attention logit soft-capping (Gemma 2): each score s = scale * q.k becomes
+// softcap * tanh(s / softcap) before the causal / sliding-window mask and the softmax; 0 turns
+// it off, and a negative, infinite or NaN softcap is an error.
 // Accumulates in fp32; `num_threads` <= 0 uses OpenMP's default.
 void paged_attention(void* out, int64_t out_row_stride, const void* query, int64_t query_row_stride,
                      DType q_dtype, const void* k_cache, const void* v_cache, DType cache_dtype,
@@ -59,6 +62,6 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
                      const int32_t* block_tables, int32_t num_seqs, int32_t num_tokens,
                      int32_t max_blocks_per_seq, int32_t num_heads, int32_t num_kv_heads,
                      int32_t head_dim, int32_t tokens_per_block, int32_t num_blocks, float scale,
-                     int32_t sliding_window, int32_t num_threads);
+                     int32_t sliding_window, float softcap, int32_t num_threads);
 
 }  // namespace pyengine::kernels

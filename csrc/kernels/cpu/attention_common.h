@@ -51,6 +51,7 @@ struct AttnParams {
   int32_t tokens_per_block;
   float scale;
   int32_t sliding_window;
+  float softcap;  // > 0: scores become softcap * tanh(score / softcap); 0: off
 
   // plan
   const WorkItem* items;

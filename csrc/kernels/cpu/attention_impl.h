@@ -33,12 +33,9 @@ constexpr float kNegInf = -__builtin_inff();
 static inline int32_t imin(int32_t a, int32_t b) { return a < b ? a : b; }
 static inline int32_t imax(int32_t a, int32_t b) { return a > b ? a : b; }
 
-// e^x for x <= 0 (clamped below at -87, where e^x ~ 1.6e-38); relative error ~1e-7.
-// Branch-free: round x/ln2 to n with the 1.5*2^23 trick, reduce, degree-7 polynomial, scale by
-// 2^n through the exponent bits.
-static inline float exp_neg(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  x = x > 0.0f ? 0.0f : x;
+// e^x for x in [-87, 0] (e^-87 ~ 1.6e-38); relative error ~1e-7. Branch-free: round x/ln2 to n
+// with the 1.5*2^23 trick, reduce, degree-7 polynomial, scale by 2^n through the exponent bits.
+static inline float exp_neg_in_range(float x) {
   const float shifter = 12582912.0f;  // 1.5 * 2^23
   float n = x * 1.44269504088896341f + shifter;
   n = n - shifter;  // round(x / ln2), exact integer in [-126, 0]
@@ -54,6 +51,53 @@ static inline float exp_neg(float x) {
   const int32_t ni = static_cast<int32_t>(n);
   const uint32_t scale_bits = static_cast<uint32_t>(ni + 127) << 23;
   return p * bits_f32(scale_bits);
+}
+
+// e^x for x <= 0 (clamped below at -87, where e^x ~ 1.6e-38).
+static inline float exp_neg(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 0.0f ? 0.0f : x;
+  return exp_neg_in_range(x);
+}
+
+// tanh(x), absolute error below 12 u + 6e-9 (u = 2^-24; measured: 1.5 u); NaN stays NaN.
+//   |x| < 0.3:  the Taylor series x - x^3/3 + 2x^5/15 - ... up to x^11 (the next term is below
+//               6e-10 there), where 1 - e^-2|x| would lose bits to cancellation;
+//   otherwise:  (1 - e) / (1 + e) with e = e^-2|x| <= e^-0.6, the sign put back.
+// Written so that loops over score rows vectorize at every level: gcc turns a select between
+// the two forms (a ternary, or integer masks) into a branch, and a branch holding the division
+// (which may trap) into a loop it will not vectorize. So both forms are computed for every x,
+// their arguments clamped (as integers: non-negative floats order as their bits) to keep them
+// finite, and blended arithmetically, big + (small - big) * w with w = 1 or 0: exact for w = 0,
+// and for w = 1 within an ulp of `small` (exact where the two are within a factor of 2).
+static inline float tanh_f(float x) {
+  const uint32_t bits = f32_bits(x);
+  const uint32_t sign = bits & 0x80000000u;
+  const uint32_t mag = bits ^ sign;  // |x|
+  auto umin = [](uint32_t a, uint32_t b) { return a < b ? a : b; };
+  const float xs = bits_f32(umin(mag, f32_bits(0.3f)));  // min(|x|, 0.3)
+  const float x2 = xs * xs;
+  float p = -1382.0f / 155925.0f;
+  p = p * x2 + 62.0f / 2835.0f;
+  p = p * x2 + -17.0f / 315.0f;
+  p = p * x2 + 2.0f / 15.0f;
+  p = p * x2 + -1.0f / 3.0f;
+  const float small = xs + xs * x2 * p;
+  const float e = exp_neg_in_range(-2.0f * bits_f32(umin(mag, f32_bits(43.5f))));
+  const float big = (1.0f - e) / (1.0f + e);
+  // w = 1.0f where |x| < 0.3, else 0.0f, from the borrow of mag - bits(0.3) (mag < 2^31)
+  const uint32_t below = (mag - f32_bits(0.3f)) >> 31;
+  const float w = bits_f32((0u - below) & f32_bits(1.0f));
+  const uint32_t t = f32_bits(big + (small - big) * w) | sign;
+  const uint32_t is_nan = (f32_bits(__builtin_inff()) - mag) >> 31;  // 1 where mag > inf's bits
+  return bits_f32((t & (is_nan - 1u)) | (bits & (0u - is_nan)));
+}
+
+// Logit soft-capping of the scores s[a..e): s = cap * tanh(s / cap) (Gemma 2; the division as
+// Hugging Face's, not a multiply by 1 / cap, which would overflow for a tiny cap). Callers test
+// cap > 0 once per row block, so the uncapped path is untouched.
+static inline void softcap_row(float* __restrict s, int32_t a, int32_t e, float cap) {
+  for (int32_t t = a; t < e; ++t) s[t] = cap * tanh_f(s[t] / cap);
 }
 
 // ---- row conversions ----
@@ -311,8 +355,10 @@ template <int R>
 static void avx2_rows_t(const float* __restrict q, const float* __restrict k,
                         const float* __restrict v, float* __restrict s, int64_t ss,
                         float* __restrict acc, float* m, float* l, int32_t a, int32_t e,
-                        int32_t d, float* __restrict stage) {
+                        int32_t d, float cap, float* __restrict stage) {
   for (int32_t t0 = a; t0 < e; t0 += 8) scores8<R>(q, k, t0, imin(8, e - t0), d, s, ss, stage);
+  if (cap > 0.0f)
+    for (int r = 0; r < R; ++r) softcap_row(s + r * ss, a, e, cap);
   // online softmax per row; probabilities overwrite the scores (zero past e)
   const __m256 neg_inf = _mm256_set1_ps(kNegInf);
   for (int r = 0; r < R; ++r) {
@@ -360,16 +406,16 @@ static void avx2_rows_t(const float* __restrict q, const float* __restrict k,
 
 static inline void avx2_rows(int32_t R, const float* q, const float* k, const float* v, float* s,
                              int64_t ss, float* acc, float* m, float* l, int32_t a, int32_t e,
-                             int32_t d, float* stage) {
+                             int32_t d, float cap, float* stage) {
   switch (R) {
     case 1:
-      return avx2_rows_t<1>(q, k, v, s, ss, acc, m, l, a, e, d, stage);
+      return avx2_rows_t<1>(q, k, v, s, ss, acc, m, l, a, e, d, cap, stage);
     case 2:
-      return avx2_rows_t<2>(q, k, v, s, ss, acc, m, l, a, e, d, stage);
+      return avx2_rows_t<2>(q, k, v, s, ss, acc, m, l, a, e, d, cap, stage);
     case 3:
-      return avx2_rows_t<3>(q, k, v, s, ss, acc, m, l, a, e, d, stage);
+      return avx2_rows_t<3>(q, k, v, s, ss, acc, m, l, a, e, d, cap, stage);
     default:
-      return avx2_rows_t<4>(q, k, v, s, ss, acc, m, l, a, e, d, stage);
+      return avx2_rows_t<4>(q, k, v, s, ss, acc, m, l, a, e, d, cap, stage);
   }
 }
 #endif  // PYENGINE_ATTN_AVX2
@@ -465,8 +511,10 @@ template <int R>
 static void avx512_rows_t(const float* __restrict q, const float* __restrict k,
                           const float* __restrict v, float* __restrict s, int64_t ss,
                           float* __restrict acc, float* m, float* l, int32_t a, int32_t e,
-                          int32_t d, float* __restrict stage) {
+                          int32_t d, float cap, float* __restrict stage) {
   for (int32_t t0 = a; t0 < e; t0 += 16) scores16<R>(q, k, t0, imin(16, e - t0), d, s, ss, stage);
+  if (cap > 0.0f)
+    for (int r = 0; r < R; ++r) softcap_row(s + r * ss, a, e, cap);
   // online softmax per row; probabilities overwrite the scores
   for (int r = 0; r < R; ++r) {
     float* sr = s + r * ss;
@@ -498,16 +546,16 @@ static void avx512_rows_t(const float* __restrict q, const float* __restrict k,
 
 static inline void avx512_rows(int32_t R, const float* q, const float* k, const float* v,
                                float* s, int64_t ss, float* acc, float* m, float* l, int32_t a,
-                               int32_t e, int32_t d, float* stage) {
+                               int32_t e, int32_t d, float cap, float* stage) {
   switch (R) {
     case 1:
-      return avx512_rows_t<1>(q, k, v, s, ss, acc, m, l, a, e, d, stage);
+      return avx512_rows_t<1>(q, k, v, s, ss, acc, m, l, a, e, d, cap, stage);
     case 2:
-      return avx512_rows_t<2>(q, k, v, s, ss, acc, m, l, a, e, d, stage);
+      return avx512_rows_t<2>(q, k, v, s, ss, acc, m, l, a, e, d, cap, stage);
     case 3:
-      return avx512_rows_t<3>(q, k, v, s, ss, acc, m, l, a, e, d, stage);
+      return avx512_rows_t<3>(q, k, v, s, ss, acc, m, l, a, e, d, cap, stage);
     default:
-      return avx512_rows_t<4>(q, k, v, s, ss, acc, m, l, a, e, d, stage);
+      return avx512_rows_t<4>(q, k, v, s, ss, acc, m, l, a, e, d, cap, stage);
   }
 }
 // Query tiles (several query positions): all M rows of the tile against one KV block at once.
@@ -549,7 +597,7 @@ static inline void tile_pv(const float* __restrict p, int64_t ss, const float* _
 static void avx512_tile(const float* Q, int32_t M, int32_t G, int32_t pos0, int32_t W,
                         int32_t bstart, const float* K, const float* V, float* S, int64_t ss,
                         float* acc, float* m, float* l, int32_t tb0, int32_t tb1, int32_t d,
-                        float* kt) {
+                        float cap, float* kt) {
   const __m512i idx = _mm512_mullo_epi32(
       _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(d));
   for (int32_t t0 = tb0; t0 < tb1; t0 += 16) {
@@ -573,6 +621,7 @@ static void avx512_tile(const float* Q, int32_t M, int32_t G, int32_t pos0, int3
       for (int32_t t = tb0; t < tb1; ++t) sr[t] = 0.0f;
       continue;
     }
+    if (cap > 0.0f) softcap_row(sr, a, e, cap);  // the rest of the row is masked to 0 below
     const float m_old = m[r];
     const float m_new = running_max(sr, a, e, m_old);
     const __m512 mv = _mm512_set1_ps(m_new);
@@ -626,6 +675,7 @@ static void run_item(const AttnParams& p, const WorkItem& it, float* scratch) {
   const int32_t q_len = p.query_start_loc[s + 1] - q_begin;
   const int32_t pos0 = p.seq_lens[s] - q_len + it.q0;  // position of the item's first row
   const int32_t W = p.sliding_window;
+  const float cap = p.softcap;
 
   for (int32_t qi = 0; qi < nq; ++qi) {
     const int64_t tok = q_begin + it.q0 + qi;
@@ -681,7 +731,7 @@ static void run_item(const AttnParams& p, const WorkItem& it, float* scratch) {
 #ifdef PYENGINE_ATTN_AVX512
     if (M >= 8) {
       // tail rows of the tile that see nothing of this block are handled (skipped) inside
-      avx512_tile(Q, M, G, pos0, W, bstart, K, V, S, SS, acc, mrow, lrow, tb0, tb1, D, stage);
+      avx512_tile(Q, M, G, pos0, W, bstart, K, V, S, SS, acc, mrow, lrow, tb0, tb1, D, cap, stage);
       continue;
     }
 #endif
@@ -695,19 +745,20 @@ static void run_item(const AttnParams& p, const WorkItem& it, float* scratch) {
       for (int32_t g0 = 0; g0 < G; g0 += 4) {
         const int64_t r = static_cast<int64_t>(qi) * G + g0;
         avx512_rows(imin(4, G - g0), Q + r * D, K, V, S + r * SS, SS, acc + r * D, mrow + r,
-                    lrow + r, a, e, D, stage);
+                    lrow + r, a, e, D, cap, stage);
       }
 #elif defined(PYENGINE_ATTN_AVX2)
       for (int32_t g0 = 0; g0 < G; g0 += 4) {
         const int64_t r = static_cast<int64_t>(qi) * G + g0;
         avx2_rows(imin(4, G - g0), Q + r * D, K, V, S + r * SS, SS, acc + r * D, mrow + r,
-                  lrow + r, a, e, D, stage);
+                  lrow + r, a, e, D, cap, stage);
       }
 #else
       for (int32_t g = 0; g < G; ++g) {
         const int32_t r = qi * G + g;
         float* srow = S + static_cast<int64_t>(r) * SS;
         scores_row(Q + static_cast<int64_t>(r) * D, K, srow, a, e, D);
+        if (cap > 0.0f) softcap_row(srow, a, e, cap);
         softmax_pv_row(srow, V, acc + static_cast<int64_t>(r) * D, mrow + r, lrow + r, a, e, D);
       }
 #endif

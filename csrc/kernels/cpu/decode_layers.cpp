@@ -1,9 +1,11 @@
 // decode_layers: see pyengine/cpu_decode.h. Composition only: every step is one of the CPU
 // kernels, called with the arguments the Python model passes them.
+#include <climits>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
+#include "../attention_checks.h"
 #include "dtype_convert.h"
 #include "pyengine/cpu_decode.h"
 #include "pyengine/cpu_elementwise.h"
@@ -60,6 +62,22 @@ void linear(const DecodeShape& s, void* y, const void* x, uintptr_t w, uintptr_t
                static_cast<int32_t>(N), K, num_threads);
 }
 
+// The per-layer integers of the layer table (cpu_decode.h), all checked before the first layer
+// runs, so a bad entry leaves h and the caches untouched.
+void check_layer_settings(const uintptr_t* layer_ptrs, int32_t num_layers) {
+  for (int32_t l = 0; l < num_layers; ++l) {
+    const uintptr_t* p = layer_ptrs + static_cast<int64_t>(l) * kDecodeLayerPointers;
+    const auto window = static_cast<int64_t>(p[kSlidingWindow]);
+    if (window < 0 || window > INT32_MAX)
+      throw std::invalid_argument("layer_ptrs: layer " + std::to_string(l) + "'s sliding window is " +
+                                  std::to_string(window) + " (must be in [0, 2^31), 0 = full attention)");
+    const auto use_rope = static_cast<int64_t>(p[kUseRope]);
+    if (use_rope != 0 && use_rope != 1)
+      throw std::invalid_argument("layer_ptrs: layer " + std::to_string(l) + "'s RoPE flag is " +
+                                  std::to_string(use_rope) + " (must be 0 or 1)");
+  }
+}
+
 }  // namespace
 
 int64_t decode_scratch_elements(const DecodeShape& s, int32_t num_tokens) {
@@ -86,6 +104,8 @@ void decode_layers(void* h, int32_t T, const uintptr_t* layer_ptrs, const Decode
   if (scratch_elements < decode_scratch_elements(s, T))
     throw std::invalid_argument("scratch: " + std::to_string(scratch_elements) + " elements, needs " +
                                 std::to_string(decode_scratch_elements(s, T)));
+  check_layer_settings(layer_ptrs, s.num_layers);
+  check_attention_softcap(s.attn_softcap);  // (paged_attention's check, before any layer runs)
   const Widths w = widths(s);
   const DType dt = s.dtype;
   const int64_t esize = dt == DType::kBFloat16 ? 2 : 4;
@@ -123,10 +143,12 @@ void decode_layers(void* h, int32_t T, const uintptr_t* layer_ptrs, const Decode
                  s.num_kv_heads, s.head_dim, s.rms_norm_eps, 1);
       }
     }
-    rotary_embedding(q, w.qkv, T, s.num_heads, s.head_dim, cos, sin, s.max_position, positions, dt,
-                     num_threads);
-    rotary_embedding(k, w.qkv, T, s.num_kv_heads, s.head_dim, cos, sin, s.max_position, positions,
-                     dt, num_threads);
+    if (p[kUseRope] != 0) {  // a NoPE layer attends with q and k as projected (and normed)
+      rotary_embedding(q, w.qkv, T, s.num_heads, s.head_dim, cos, sin, s.max_position, positions,
+                       dt, num_threads);
+      rotary_embedding(k, w.qkv, T, s.num_kv_heads, s.head_dim, cos, sin, s.max_position,
+                       positions, dt, num_threads);
+    }
     auto* k_cache = reinterpret_cast<void*>(p[kKCache]);
     auto* v_cache = reinterpret_cast<void*>(p[kVCache]);
     store_kv(k, v, w.qkv, w.qkv, dt, k_cache, v_cache, s.cache_dtype, slot_mapping, T,
@@ -134,7 +156,7 @@ void decode_layers(void* h, int32_t T, const uintptr_t* layer_ptrs, const Decode
     paged_attention(attn, w.attn, q, w.qkv, dt, k_cache, v_cache, s.cache_dtype, query_start_loc,
                     seq_lens, block_tables, num_seqs, T, s.max_blocks_per_seq, s.num_heads,
                     s.num_kv_heads, s.head_dim, s.tokens_per_block, s.num_blocks, s.scale,
-                    s.sliding_window, num_threads);
+                    static_cast<int32_t>(p[kSlidingWindow]), s.attn_softcap, num_threads);
     linear(s, delta, attn, p[kO], 0, T, s.hidden, static_cast<int32_t>(w.attn), num_threads);
     // h += delta; x = norm(h)
     rms_norm(x, s.hidden, delta, s.hidden, h, s.hidden, ptr(p[kPostNorm]), dt, T, s.hidden,

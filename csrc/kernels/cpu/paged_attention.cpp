@@ -88,7 +88,7 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
                      const int32_t* block_tables, int32_t num_seqs, int32_t num_tokens,
                      int32_t max_blocks_per_seq, int32_t num_heads, int32_t num_kv_heads,
                      int32_t head_dim, int32_t tokens_per_block, int32_t num_blocks, float scale,
-                     int32_t sliding_window, int32_t num_threads) {
+                     int32_t sliding_window, float softcap, int32_t num_threads) {
   // ---- validation ----
   cpu::check_dtype(q_dtype, "q_dtype");
   cpu::check_dtype(cache_dtype, "cache_dtype");
@@ -99,6 +99,7 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
   if (num_blocks < 0) fail("num_blocks: must be >= 0");
   if (sliding_window < 0) fail("sliding_window: must be >= 0 (0 disables it)");
   if (!(scale == scale)) fail("scale: must not be NaN");
+  check_attention_softcap(softcap);
   if (num_seqs == 0) return;
   check_attention_buffers(out, out_row_stride, query, query_row_stride, k_cache, v_cache,
                           query_start_loc, seq_lens, block_tables, num_heads, head_dim);
@@ -196,6 +197,7 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
   p.tokens_per_block = tokens_per_block;
   p.scale = scale;
   p.sliding_window = sliding_window;
+  p.softcap = softcap;
   p.items = items.data();
   p.num_items = static_cast<int32_t>(items.size());
   p.combines = combines.data();

@@ -35,6 +35,10 @@ struct AttnArgs {
   int32_t tpb_shift;    // log2(tokens_per_block)
   int32_t sliding_window;
   float scale_log2;     // scale * k_scale * log2(e): scores in the exp2 domain
+  // logit soft-capping (softcap > 0; the kernels take it as a template flag, see score_log2)
+  float qk_scale;       // scale * k_scale
+  float softcap;
+  float softcap_log2;   // softcap * log2(e)
   float v_scale;
   // flash-decoding split-K (decode kernel only)
   int32_t head_chunks;  // ceil(group / kDecodeMaxGroup)
@@ -43,6 +47,21 @@ struct AttnArgs {
   float* ws_o;          // [num_tokens, num_heads, num_splits, head_dim] normalized partial out
   float* ws_ml;         // [num_tokens, num_heads, num_splits, 2] (max in log2 units, sum)
 };
+
+#ifdef __CUDACC__
+// A score in the exp2 domain from the raw dot product q.k (k as stored): scale * k_scale * q.k,
+// or with kSoftcap softcap * tanh(scale * k_scale * q.k / softcap) (Gemma 2's logit soft-cap,
+// its division and all; tanhf, not tanh.approx, whose 2^-11 error scaled by a cap of 30-50
+// would move the logits by hundredths), times log2(e).
+template <bool kSoftcap>
+__device__ __forceinline__ float score_log2(float dot, const AttnArgs& a) {
+  if constexpr (kSoftcap) {
+    return a.softcap_log2 * tanhf(dot * a.qk_scale / a.softcap);
+  } else {
+    return dot * a.scale_log2;
+  }
+}
+#endif
 
 // M blocks (64 packed query rows) of the longest query in the prefill kernel's grid.
 inline int64_t prefill_m_blocks(int32_t max_query_len, int32_t group) {

@@ -57,7 +57,7 @@ struct DecodeTraits {
   };
 };
 
-template <class QT, class CT, int HD>
+template <class QT, class CT, int HD, bool kSoftcap>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const AttnArgs a) {
   using Tr = DecodeTraits<CT, HD>;
   using Smem = typename Tr::Smem;
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttnArgs a) {
 #pragma unroll
               for (int o = Tr::kLanes / 2; o > 0; o >>= 1)
                 d += __shfl_xor_sync(0xffffffffu, d, o);
-              if (li == 0) sm.s[g][t] = valid ? d * a.scale_log2 : -INFINITY;
+              if (li == 0) sm.s[g][t] = valid ? score_log2<kSoftcap>(d, a) : -INFINITY;
             }
           }
         }
@@ -283,7 +283,8 @@ template <class QT, class CT, int HD>
 void launch(const AttnArgs& a, cudaStream_t stream) {
   using Tr = DecodeTraits<CT, HD>;
   constexpr int smem = static_cast<int>(sizeof(typename Tr::Smem));
-  auto kernel = decode_kernel<QT, CT, HD>;
+  // the soft-cap is a template flag: the uncapped kernel stays as it was
+  auto kernel = a.softcap > 0.f ? decode_kernel<QT, CT, HD, true> : decode_kernel<QT, CT, HD, false>;
   allow_smem(kernel, smem);
   const dim3 grid(a.num_tokens, a.num_kv_heads * a.head_chunks, a.num_splits);
   kernel<<<grid, kThreads, smem, stream>>>(a);

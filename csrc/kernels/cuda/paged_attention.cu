@@ -71,8 +71,9 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
                      const int32_t* seq_lens, const int32_t* block_tables, int32_t num_seqs,
                      int32_t num_tokens, int32_t max_blocks_per_seq, int32_t num_heads,
                      int32_t num_kv_heads, int32_t head_dim, int32_t tokens_per_block, float scale,
-                     int32_t sliding_window, int32_t max_query_len, int32_t max_context_len,
-                     void* workspace, size_t workspace_bytes, int32_t device, void* stream) {
+                     int32_t sliding_window, float softcap, int32_t max_query_len,
+                     int32_t max_context_len, void* workspace, size_t workspace_bytes,
+                     int32_t device, void* stream) {
   using namespace detail;
   // ---- validation: host values only, before any CUDA call ----
   if (q_dtype != DType::kFloat32 && q_dtype != DType::kBFloat16 && q_dtype != DType::kFloat16)
@@ -95,6 +96,7 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
          " is not supported (a power of two from 1 to 1024)");
   if (sliding_window < 0) fail("sliding_window: must be >= 0 (0 disables it)");
   if (!(scale == scale)) fail("scale: must not be NaN");
+  check_attention_softcap(softcap);
   if (max_query_len < 0) fail("max_query_len: must be >= 0");
   if (max_context_len < 0) fail("max_context_len: must be >= 0");
   if (is_fp8) {
@@ -128,6 +130,9 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
   a.sliding_window = sliding_window;
   const float ks = is_fp8 ? k_scale : 1.f;
   a.scale_log2 = scale * ks * 1.4426950408889634f;
+  a.qk_scale = scale * ks;
+  a.softcap = softcap;
+  a.softcap_log2 = softcap * 1.4426950408889634f;
   a.v_scale = is_fp8 ? v_scale : 1.f;
   a.head_chunks = (group + kDecodeMaxGroup - 1) / kDecodeMaxGroup;
 

@@ -92,7 +92,7 @@ __device__ __forceinline__ void load_kv_tile(STensor& s, const CT* cache, const 
   }
 }
 
-template <class Elem, class CT, int HD>
+template <class Elem, class CT, int HD, bool kSoftcap>
 __global__ void __launch_bounds__(kThreads) prefill_kernel(const AttnArgs a) {
   using Tr = PrefillTraits<Elem, HD>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const AttnArgs a) {
         for (int ni = 0; ni < kCols; ++ni) {
           const int kp = n0 + get<1>(tScS_rc(mi, ni));
           const bool ok = kp <= row_pos[mi] && kp >= row_lo[mi] && kp < n_hi && kp >= n_lo;
-          const float x = ok ? s(mi, ni) * a.scale_log2 : -INFINITY;
+          const float x = ok ? score_log2<kSoftcap>(s(mi, ni), a) : -INFINITY;
           s(mi, ni) = x;
           mx = fmaxf(mx, x);
         }
@@ -273,7 +273,8 @@ template <class Elem, class CT, int HD>
 void launch(const AttnArgs& a, int32_t max_query_len, cudaStream_t stream) {
   using Tr = PrefillTraits<Elem, HD>;
   const int64_t m_blocks = prefill_m_blocks(max_query_len, a.group);
-  auto kernel = prefill_kernel<Elem, CT, HD>;
+  // the soft-cap is a template flag: the uncapped kernel stays as it was
+  auto kernel = a.softcap > 0.f ? prefill_kernel<Elem, CT, HD, true> : prefill_kernel<Elem, CT, HD, false>;
   allow_smem(kernel, Tr::kSmemBytes);
   const dim3 grid(a.num_seqs, static_cast<unsigned>(m_blocks), a.num_kv_heads);
   kernel<<<grid, kThreads, Tr::kSmemBytes, stream>>>(a);
