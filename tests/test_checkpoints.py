@@ -55,6 +55,16 @@ EXPECTED_CLASS = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+}
+
+DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+EXPECTED_ROPE = {
+    "gemma3_text": {"full_attention": DEFAULT_ROPE, "sliding_attention": DEFAULT_ROPE},  # one per layer type
+    "phi3": {**DEFAULT_ROPE, "partial_rotary_factor": 1.0},
 }
 
 
@@ -68,13 +78,18 @@ def test_builds_and_reloads(built, model_type):
     assert cfg["num_attention_heads"] == 4 and cfg["num_key_value_heads"] == 2
     assert cfg["vocab_size"] == 512 and cfg["dtype"] == "float32"
     assert cfg["initializer_range"] == ck.DEFAULT_INITIALIZER_RANGE
-    assert cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}
-    assert cfg.get("sliding_window") is None
-    if model_type in ("qwen2", "qwen3"):
+    assert cfg["rope_parameters"] == EXPECTED_ROPE.get(model_type, DEFAULT_ROPE)
+    gemma = model_type.startswith("gemma")
+    if gemma:  # sliding and full layers alternate, the window 32 tokens
+        assert cfg["sliding_window"] == 32 and cfg["layer_types"] == ["sliding_attention", "full_attention"]
+        assert cfg["query_pre_attn_scalar"] == 16
+    else:
+        assert cfg.get("sliding_window") is None
+    if model_type in ("qwen2", "qwen3", "smollm3"):
         assert cfg["use_sliding_window"] is False
         assert set(cfg["layer_types"]) == {"full_attention"}
-    if model_type == "qwen3":
-        assert cfg["head_dim"] == 16  # not Qwen3Config's default of 128
+    if model_type in ("qwen3", "gemma2", "gemma3_text"):
+        assert cfg["head_dim"] == 16  # not Qwen3Config's default of 128 (Gemma's 256)
     assert (path / "model.safetensors").is_file()
     assert not (path / "model.safetensors.index.json").exists()
 
@@ -89,8 +104,9 @@ def test_builds_and_reloads(built, model_type):
 
     # Norm weights and biases were perturbed away from 1 / 0, so a loader must read them.
     norms = [k for k in saved if k.endswith("norm.weight")]
-    assert norms and all(not torch.all(saved[k] == 1) for k in norms)
-    if model_type == "qwen3":
+    init = 0 if gemma else 1  # Gemma's norms scale by 1 + w
+    assert norms and all(not torch.all(saved[k] == init) for k in norms)
+    if model_type in ("qwen3", "gemma3_text"):
         assert any("q_norm" in k for k in norms) and any("k_norm" in k for k in norms)
     biases = [k for k in saved if k.endswith(".bias")]
     if model_type == "qwen2":

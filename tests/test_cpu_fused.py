@@ -348,7 +348,7 @@ def test_cpp_decode_layers_with_per_layer_windows_nope_layers_and_softcap(checkp
 def test_layer_settings_default_to_the_model_wide_window_and_rope(checkpoint_factory):
     model = load_model(checkpoint_factory("fused3_llama", model_type="llama", num_layers=3, num_heads=4,
                                           num_kv_heads=2))
-    assert not hasattr(model, "layer_sliding_windows") and not hasattr(model, "layer_uses_rope")
+    del model.layer_sliding_windows, model.layer_uses_rope  # (a model without them: the fallbacks)
     model.sliding_window = 5
     assert fused_decode.layer_settings(model) == ([5, 5, 5], [True, True, True])
     layers = fused_decode.CpuDecodeLayers(model, [(torch.zeros(4, 2, 4, 16), torch.zeros(4, 2, 4, 16))] * 3, 2)

@@ -187,7 +187,8 @@ def test_unknown_model_type_is_named(llama_dir, tmp_path):
     cfg["model_type"] = "gpt2"
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(StartupError, match="phase 'config': ValueError: unsupported model_type 'gpt2'; "
-                                           "supported: llama, mistral, qwen2, qwen3"):
+                                           "supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, "
+                                           "phi3, smollm3$"):
         Engine(bad)
 
 

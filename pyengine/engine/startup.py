@@ -113,6 +113,10 @@ def _run_phases(engine_args: dict[str, Any]) -> EngineParts:
         parts.phases = phases
     with _phase(phases, "weights"):
         model = _load_model(parts)
+        if parts.graph_sizes and not model.cuda_graphs_ok:
+            logger.info("pyengine: %s decodes eagerly (no CUDA graphs): its forward keeps bookkeeping a graph "
+                        "replay would skip", type(model).__name__)
+            parts.graph_sizes = []
     with _phase(phases, "kv_capacity"):
         parts.capacity = _kv_capacity(parts, model)
     with _phase(phases, "scheduler"):

@@ -28,3 +28,13 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     if delta is not None:
         h = h + delta
     return h, rms_norm(h, weight, eps)
+
+
+def gemma_rms_norm(x: torch.Tensor, weight_plus_one: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Gemma RMSNorm: ``(x.float() * rsqrt(mean(x.float()**2) + eps) * (1 + w.float())).to(x.dtype)``
+    -- scaled in fp32, then rounded once (Llama's rounds, then scales). `weight_plus_one` is
+    ``1.0 + w.float()``, fp32, computed once at load."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * weight_plus_one).to(dtype)

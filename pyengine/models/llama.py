@@ -1,15 +1,21 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over a flattened token batch.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3; the base of the other families) over a
+flattened token batch.
 
 The layer code mirrors Hugging Face transformers' modules operation by operation (same
 dtype casts, same order of residual adds) so that fp32 outputs match it token for token.
 Attention goes through the C++ paged kernels; its metadata travels in `AttentionMetadata`.
+
+The other families (pyengine/models/{gemma2,gemma3,phi3,smollm3}.py) subclass this one and
+override the parts where they differ: the tensors a layer loads (`_layer_names` / `_load_layer`),
+the layer's residual structure (`_decoder`), the norm (`_norm`), the RoPE rows a forward uses
+(`_rope_rows`), the embedding (`embed_tokens`).
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +27,7 @@ from pyengine.layers.cpu_features import native_bf16_matmul
 from pyengine.layers.linear import dense
 from pyengine.layers.norm import add_rms_norm, rms_norm
 from pyengine.layers.rotary import apply_rotary, rope_tables
-from pyengine.models.config import ModelConfig
+from pyengine.models.config import ModelConfig, lm_head_name
 from pyengine.quant import QuantizedWeight
 
 
@@ -68,9 +74,27 @@ def take_weight(weights: dict[str, Any], name: str, shape: tuple[int, ...],
     return t.to(device).contiguous()
 
 
+Take = Callable[[str, tuple[int, ...]], Any]
+
+
 class LlamaFamilyModel:
     """Weights plus a forward over [num_tokens] flattened inputs; returns fp32 logits of the
-    rows in `logits_indices`."""
+    rows in `logits_indices`.
+
+    Per-layer attributes the runner and the one-call decode kernel read: `layer_sliding_windows`
+    (the attention window of each layer, 0 = the whole context), `layer_uses_rope` (whether the
+    layer rotates q and k), `attn_softcap` (0.0: none), and `fused_cpu_decode_ok` (whether the
+    C++ one-call decode path, which computes this class's layer structure, may run the model)."""
+
+    #: The layer is the Llama layer the C++ one-call decode kernel computes (input norm, qkv (+bias),
+    #: optional q/k RMSNorm, RoPE over whole heads from one table, o, post norm, SiLU gate_up, down).
+    LLAMA_LAYER = True
+
+    @property
+    def cuda_graphs_ok(self) -> bool:
+        """Whether a decode step may be replayed from a captured CUDA graph (a replay runs the
+        captured kernels only: no Python bookkeeping of the forward)."""
+        return True
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  max_seq_len: int, device: torch.device | str = "cpu", *, exact_fp32: bool = False):
@@ -85,40 +109,28 @@ class LlamaFamilyModel:
         # `weights` would keep every tensor read so far alive with it
         take = functools.partial(take_weight, weights, device=self.device)
 
-        self.embed = take("model.embed_tokens.weight", (c.vocab_size, c.hidden_size))
+        prefix = c.weight_prefix
+        self.embed = take(prefix + "embed_tokens.weight", (c.vocab_size, c.hidden_size))
         self.layers = []
-        for i in range(c.num_layers):
-            p = f"model.layers.{i}."
-            layer = {
-                "input_norm": take(p + "input_layernorm.weight", (c.hidden_size,)),
-                "post_norm": take(p + "post_attention_layernorm.weight", (c.hidden_size,)),
-                # q, k, v fused into one matmul; gate and up likewise.
-                "qkv": cat_rows([take(p + "self_attn.q_proj.weight", (q_size, c.hidden_size)),
-                                 take(p + "self_attn.k_proj.weight", (kv_size, c.hidden_size)),
-                                 take(p + "self_attn.v_proj.weight", (kv_size, c.hidden_size))]),
-                "o": take(p + "self_attn.o_proj.weight", (c.hidden_size, q_size)),
-                "gate_up": cat_rows([take(p + "mlp.gate_proj.weight", (c.intermediate_size, c.hidden_size)),
-                                     take(p + "mlp.up_proj.weight", (c.intermediate_size, c.hidden_size))]),
-                "down": take(p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),
-                "qkv_bias": None, "q_norm": None, "k_norm": None,
-            }
-            if c.attention_bias:
-                layer["qkv_bias"] = torch.cat([take(p + "self_attn.q_proj.bias", (q_size,)),
-                                               take(p + "self_attn.k_proj.bias", (kv_size,)),
-                                               take(p + "self_attn.v_proj.bias", (kv_size,))])
-            if c.qk_norm:
-                layer["q_norm"] = take(p + "self_attn.q_norm.weight", (c.head_dim,))
-                layer["k_norm"] = take(p + "self_attn.k_norm.weight", (c.head_dim,))
-            self.layers.append(layer)
-        self.norm = take("model.norm.weight", (c.hidden_size,))
-        if c.tie_word_embeddings or "lm_head.weight" not in weights:
+        for i in range(c.num_layers):  # (a loop, not a comprehension: that would be a closure over self)
+            self.layers.append(self._load_layer(take, f"{prefix}layers.{i}."))
+        self.norm = self._load_norm(take, prefix + "norm.weight", c.hidden_size)
+        head = lm_head_name(c)
+        if c.tie_word_embeddings or head not in weights:
             self.lm_head = self.embed
         else:
-            self.lm_head = take("lm_head.weight", (c.vocab_size, c.hidden_size))
+            self.lm_head = take(head, (c.vocab_size, c.hidden_size))
 
-        self.cos, self.sin = rope_tables(c, max_seq_len, dtype, self.device)
-        self.scale = c.head_dim ** -0.5
-        self.sliding_window = c.sliding_window or 0
+        self.layer_sliding_windows: list[int] = c.layer_sliding_windows
+        self.layer_uses_rope: list[bool] = c.layer_uses_rope
+        windows = set(self.layer_sliding_windows)
+        # the one window of every layer (what the one-call decode kernel takes); 0 where they differ
+        self.sliding_window = windows.pop() if len(windows) == 1 else 0
+        self.attn_softcap = float(c.attn_logit_softcapping or 0.0)
+        self.final_softcap = float(c.final_logit_softcapping or 0.0)
+        self.scale = (c.query_pre_attn_scalar if c.query_pre_attn_scalar is not None else c.head_dim) ** -0.5
+        self.rotary_dim = c.rotary_dim
+        self._init_rope(max_seq_len)
         # Without bf16 instructions, torch's bf16 GEMM is emulated and slow (see layers.linear.dense).
         self.emulate_bf16 = dtype == torch.bfloat16 and weights_on_cpu(self.embed) and not native_bf16_matmul()
         # torch's fp32 GEMV streams the weights at a fraction of the memory bandwidth: small fp32
@@ -138,6 +150,118 @@ class LlamaFamilyModel:
         self.partly_quantized = self.quantized and not all(
             isinstance(layer[n], QuantizedWeight) for layer in self.layers for n in ("qkv", "o", "gate_up", "down"))
 
+    # ---- weights -----------------------------------------------------------------------------
+
+    @classmethod
+    def weight_names(cls, config: ModelConfig) -> tuple[list[str], tuple[str, ...]]:
+        """(names to load, the subset that may be absent)."""
+        prefix = config.weight_prefix
+        names = [prefix + "embed_tokens.weight", prefix + "norm.weight"]
+        for i in range(config.num_layers):
+            names += cls._layer_names(config, f"{prefix}layers.{i}.")
+        optional: tuple[str, ...] = ()
+        if not config.tie_word_embeddings:
+            names.append(lm_head_name(config))
+        return names, optional
+
+    @classmethod
+    def _layer_names(cls, c: ModelConfig, p: str) -> list[str]:
+        """The tensors of the layer whose names start with `p`, as `_load_layer` takes them."""
+        names = [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
+        names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+        if c.attention_bias:
+            names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+        if c.o_proj_bias:
+            names.append(p + "self_attn.o_proj.bias")
+        if c.mlp_bias:
+            names += [p + f"mlp.{x}_proj.bias" for x in ("gate", "up", "down")]
+        if c.qk_norm:
+            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        return names
+
+    def _load_norm(self, take: Take, name: str, size: int) -> torch.Tensor:
+        """A norm's weights, in the form `_norm` computes with."""
+        return take(name, (size,))
+
+    def _load_qkv(self, take: Take, p: str) -> torch.Tensor | QuantizedWeight:
+        """q, k and v fused into one matrix."""
+        c = self.config
+        return cat_rows([take(p + "self_attn.q_proj.weight", (self.q_size, c.hidden_size)),
+                         take(p + "self_attn.k_proj.weight", (self.kv_size, c.hidden_size)),
+                         take(p + "self_attn.v_proj.weight", (self.kv_size, c.hidden_size))])
+
+    def _load_gate_up(self, take: Take, p: str) -> torch.Tensor | QuantizedWeight:
+        """gate and up fused into one matrix (gate first)."""
+        c = self.config
+        return cat_rows([take(p + "mlp.gate_proj.weight", (c.intermediate_size, c.hidden_size)),
+                         take(p + "mlp.up_proj.weight", (c.intermediate_size, c.hidden_size))])
+
+    def _load_layer(self, take: Take, p: str) -> dict[str, Any]:
+        c = self.config
+        layer = {
+            "input_norm": self._load_norm(take, p + "input_layernorm.weight", c.hidden_size),
+            "post_norm": self._load_norm(take, p + "post_attention_layernorm.weight", c.hidden_size),
+            "qkv": self._load_qkv(take, p),
+            "o": take(p + "self_attn.o_proj.weight", (c.hidden_size, self.q_size)),
+            "gate_up": self._load_gate_up(take, p),
+            "down": take(p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),
+            "qkv_bias": None, "q_norm": None, "k_norm": None, "o_bias": None, "gate_up_bias": None,
+            "down_bias": None,
+        }
+        if c.attention_bias:
+            layer["qkv_bias"] = torch.cat([take(p + "self_attn.q_proj.bias", (self.q_size,)),
+                                           take(p + "self_attn.k_proj.bias", (self.kv_size,)),
+                                           take(p + "self_attn.v_proj.bias", (self.kv_size,))])
+        if c.o_proj_bias:
+            layer["o_bias"] = take(p + "self_attn.o_proj.bias", (c.hidden_size,))
+        if c.mlp_bias:
+            layer["gate_up_bias"] = torch.cat([take(p + "mlp.gate_proj.bias", (c.intermediate_size,)),
+                                               take(p + "mlp.up_proj.bias", (c.intermediate_size,))])
+            layer["down_bias"] = take(p + "mlp.down_proj.bias", (c.hidden_size,))
+        if c.qk_norm:
+            layer["q_norm"] = self._load_norm(take, p + "self_attn.q_norm.weight", c.head_dim)
+            layer["k_norm"] = self._load_norm(take, p + "self_attn.k_norm.weight", c.head_dim)
+        return layer
+
+    # ---- RoPE --------------------------------------------------------------------------------
+
+    def _init_rope(self, max_seq_len: int) -> None:
+        """The cos/sin tables ([max_seq_len, rotary_dim]): `self.cos`/`self.sin` (the full-attention
+        layers', the one the one-call decode kernel reads), `self.rope_tables` (every distinct one)
+        and `self.layer_rope` (per layer, its table's index in rope_tables; None: no RoPE)."""
+        c = self.config
+        self.cos, self.sin = rope_tables(c, max_seq_len, self.dtype, self.device)
+        self.rope_tables = [(self.cos, self.sin)]
+        self.layer_rope: list[int | None] = [0 if uses else None for uses in self.layer_uses_rope]
+        if c.sliding_rope_theta is not None:  # sliding-window layers with a RoPE of their own (Gemma 3)
+            self.rope_tables.append(rope_tables(c, max_seq_len, self.dtype, self.device, sliding=True))
+            self.layer_rope = [None if not uses else (1 if window else 0)
+                               for uses, window in zip(self.layer_uses_rope, self.layer_sliding_windows)]
+
+    def _rope_rows(self, positions: torch.Tensor, meta: AttentionMetadata, fused: bool) -> list[tuple]:
+        """Per table of rope_tables, what apply_rotary takes for this batch: the whole tables for the
+        fused kernel (whole-head RoPE only), else the rows of the batch's positions, [T, 1, rotary_dim]."""
+        if fused and self.rotary_dim == self.config.head_dim:
+            return self.rope_tables
+        return [(cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)) for cos, sin in self.rope_tables]
+
+    # ---- the one-call decode path ------------------------------------------------------------
+
+    @property
+    def fused_cpu_decode_ok(self) -> bool:
+        """Whether the C++ one-call decode kernel (pyengine/layers/fused_decode.py) computes this
+        model: the Llama layer structure with its whole-head RoPE from one table, no final-logit
+        soft-capping, no output or MLP biases, and (quantized weights) every linear layer
+        quantized. Per-layer windows, layers without RoPE and attention soft-capping it takes
+        (layer_sliding_windows, layer_uses_rope, attn_softcap)."""
+        c = self.config
+        return (self.LLAMA_LAYER and not self.partly_quantized and len(self.rope_tables) == 1
+                and self.rotary_dim == c.head_dim and self.final_softcap == 0.0
+                and not c.o_proj_bias and not c.mlp_bias and c.hidden_act == "silu")
+
+    # ---- forward -----------------------------------------------------------------------------
+
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed, QuantizedWeight):
             return self.embed.embedding(input_ids)
@@ -146,64 +270,86 @@ class LlamaFamilyModel:
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         return dense(x, w, b, self.emulate_bf16, self.fast_fp32)
 
-    @staticmethod
-    def weight_names(config: ModelConfig) -> tuple[list[str], tuple[str, ...]]:
-        """(names to load, the subset that may be absent)."""
-        names = ["model.embed_tokens.weight", "model.norm.weight"]
-        for i in range(config.num_layers):
-            p = f"model.layers.{i}."
-            names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
-            names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
-            names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
-            if config.attention_bias:
-                names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
-            if config.qk_norm:
-                names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-        optional: tuple[str, ...] = ()
-        if not config.tie_word_embeddings:
-            names.append("lm_head.weight")
-        return names, optional
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The family's RMSNorm (torch form)."""
+        return rms_norm(x, weight, self.config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_indices: torch.Tensor) -> torch.Tensor:
-        c = self.config
         T = input_ids.shape[0]
-        eps = c.rms_norm_eps
         if meta.cpu_decode is not None and 0 < T <= meta.cpu_decode.max_rows:
             h = self.embed_tokens(input_ids)
             meta.cpu_decode.run(h, positions, meta)
-            h = rms_norm(h[logits_indices], self.norm, eps)
-            return self.linear(h, self.lm_head).float()
-        fused = self.fused_elementwise and T <= cpu_elementwise.MAX_ROWS
-        # the fused kernel reads the whole tables; the torch form takes the batch's rows, [T, 1, D]
-        cos, sin = (self.cos, self.sin) if fused else (self.cos[positions].unsqueeze(1),
-                                                       self.sin[positions].unsqueeze(1))
+            return self._logits(h[logits_indices])
+        h = self._hidden(input_ids, positions, meta, kv_caches)
+        return self._logits(h[logits_indices])
+
+    def _hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """The hidden states of every row before the final norm (the layers' K/V stored on the way)."""
+        fused = self.fused_elementwise and input_ids.shape[0] <= cpu_elementwise.MAX_ROWS
+        rope = self._rope_rows(positions, meta, fused)
         h = self.embed_tokens(input_ids)
+        return self._decoder(h, positions, meta, kv_caches, rope, fused)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of the final hidden states `h` (the final norm, the output projection, soft-capped
+        in the model's dtype where the model caps them, as transformers does)."""
+        logits = self.linear(self._norm(h, self.norm), self.lm_head)
+        if self.final_softcap:
+            cap = self.final_softcap
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
+
+    def _decoder(self, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], rope: list[tuple], fused: bool) -> torch.Tensor:
+        """The decoder layers on the embeddings h: the hidden states before the final norm."""
+        eps = self.config.rms_norm_eps
         delta = None  # the last sublayer's output, not yet added to the residual stream h
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
             h, x = add_rms_norm(h, delta, layer["input_norm"], eps, fused)
-            qkv = self.linear(x, layer["qkv"], layer["qkv_bias"])
-            q = qkv[:, : self.q_size].view(T, c.num_heads, c.head_dim)
-            k = qkv[:, self.q_size: self.q_size + self.kv_size].view(T, c.num_kv_heads, c.head_dim)
-            v = qkv[:, self.q_size + self.kv_size:].view(T, c.num_kv_heads, c.head_dim)
-            if layer["q_norm"] is not None:
-                q = rms_norm(q, layer["q_norm"], eps)
-                k = rms_norm(k, layer["k_norm"], eps)
-            q, k = apply_rotary(q, k, cos, sin, positions, fused)
-            attention.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.k_scale, meta.v_scale)
-            attn = attention.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
-                                           meta.block_tables, self.scale, self.sliding_window,
-                                           max_query_len=meta.max_query_len, max_context_len=meta.max_context_len,
-                                           workspace=meta.workspace, k_scale=meta.k_scale, v_scale=meta.v_scale)
-            delta = self.linear(attn.view(T, self.q_size), layer["o"])
+            delta = self._attention(i, layer, x, positions, meta, kv, rope, fused)
             h, x = add_rms_norm(h, delta, layer["post_norm"], eps, fused)
-            gate_up = self.linear(x, layer["gate_up"])
+            delta = self._mlp(layer, x, fused)
+        return h + delta
+
+    def _attention(self, i: int, layer: dict[str, Any], x: torch.Tensor, positions: torch.Tensor,
+                   meta: AttentionMetadata, kv: tuple[torch.Tensor, torch.Tensor], rope: list[tuple],
+                   fused: bool) -> torch.Tensor:
+        """Layer i's self-attention on its normed input x, through the output projection."""
+        c = self.config
+        T = x.shape[0]
+        qkv = self.linear(x, layer["qkv"], layer["qkv_bias"])
+        q = qkv[:, : self.q_size].view(T, c.num_heads, c.head_dim)
+        k = qkv[:, self.q_size: self.q_size + self.kv_size].view(T, c.num_kv_heads, c.head_dim)
+        v = qkv[:, self.q_size + self.kv_size:].view(T, c.num_kv_heads, c.head_dim)
+        if layer["q_norm"] is not None:
+            q = self._norm(q, layer["q_norm"])
+            k = self._norm(k, layer["k_norm"])
+        table = self.layer_rope[i]
+        if table is not None:
+            cos, sin = rope[table]
+            q, k = apply_rotary(q, k, cos, sin, positions, fused and cos.dim() == 2)
+        k_cache, v_cache = kv
+        attention.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.k_scale, meta.v_scale)
+        softcap = {"softcap": self.attn_softcap} if self.attn_softcap else {}  # (a kernel option only Gemma 2 needs)
+        attn = attention.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                                         meta.block_tables, self.scale, self.layer_sliding_windows[i],
+                                         max_query_len=meta.max_query_len, max_context_len=meta.max_context_len,
+                                         workspace=meta.workspace, k_scale=meta.k_scale, v_scale=meta.v_scale,
+                                         **softcap)
+        return self.linear(attn.view(T, self.q_size), layer["o"], layer["o_bias"])
+
+    def _mlp(self, layer: dict[str, Any], x: torch.Tensor, fused: bool) -> torch.Tensor:
+        """The gated MLP: down(act(gate(x)) * up(x))."""
+        gate_up = self.linear(x, layer["gate_up"], layer["gate_up_bias"])
+        if self.config.hidden_act == "silu":
             if fused:
                 act = cpu_elementwise.silu_mul(gate_up)
             else:
                 gate, up = gate_up.chunk(2, dim=-1)
                 act = F.silu(gate) * up
-            delta = self.linear(act, layer["down"])
-        h = h + delta
-        h = rms_norm(h[logits_indices], self.norm, eps)
-        return self.linear(h, self.lm_head).float()
+        else:  # gelu_pytorch_tanh (Gemma's GeGLU)
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.gelu(gate, approximate="tanh") * up
+        return self.linear(act, layer["down"], layer["down_bias"])

@@ -2,9 +2,10 @@
 
 Used by the tests, the demo CLI and the benchmarks. Everything here is built locally:
 a byte-level BPE tokenizer trained with ``tokenizers`` on a small built-in corpus, and
-random-weight Llama-family models (``llama``, ``mistral``, ``qwen2``, ``qwen3``) saved
-with ``save_pretrained`` as safetensors, exactly as a downloaded checkpoint would be laid
-out (config.json, generation_config.json, model*.safetensors, tokenizer files).
+random-weight models of every family pyengine runs (``llama``, ``mistral``, ``qwen2``,
+``qwen3``, ``gemma2``, ``gemma3_text``, ``phi3``, ``smollm3``; and Gemma 3's multimodal
+``gemma3``) saved with ``save_pretrained`` as safetensors, exactly as a downloaded checkpoint
+would be laid out (config.json, generation_config.json, model*.safetensors, tokenizer files).
 
 This module depends only on the standard library, torch, transformers and tokenizers, so
 that it can be used without the compiled engine.
@@ -37,10 +38,11 @@ is ~7e4 times the fp32 noise, no fp32 greedy sequence differed from fp64, and fe
 factor 3 of the median gap, so bf16 comparisons must be top-k tolerant (as vLLM's
 ``check_logprobs_close``), whatever the range.
 
-Random models also start with all RMSNorm weights at 1 and all biases at 0, which would
-let a loader that forgets them pass every test. ``build_tiny_checkpoint`` therefore
-perturbs norm weights (1 + N(0, 0.1)) and gives biases (Qwen2's q/k/v) N(0, 0.1) values,
-unless ``perturb_norms_and_biases=False``.
+Random models also start with all RMSNorm weights at 1 (Gemma's, which scale by 1 + w, at 0)
+and all biases at 0, which would let a loader that forgets them pass every test.
+``build_tiny_checkpoint`` therefore perturbs every norm weight (input, post-attention,
+pre-/post-feedforward, q/k and final norms: + N(0, 0.1)) and gives biases (Qwen2's q/k/v)
+N(0, 0.1) values, unless ``perturb_norms_and_biases=False``.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ __all__ = [
     "CORPUS",
     "DEFAULT_INITIALIZER_RANGE",
     "MODEL_TYPES",
+    "MULTIMODAL_GEMMA3",
     "SMOLLM_135M_SHAPE",
     "QWEN3_06B_SHAPE",
     "TINY_SHAPES",
@@ -78,13 +81,18 @@ __all__ = [
     "cached_checkpoint",
     "default_cache_root",
     "llama3_rope_scaling",
+    "longrope_scaling",
     "logit_margins",
 ]
 
 #: Bump when the builder's output changes, so cached checkpoints are rebuilt.
 BUILDER_VERSION = 1
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "smollm3")
+#: Gemma 3's multimodal checkpoint (Gemma3ForConditionalGeneration): the gemma3_text model with a tiny
+#: vision tower, saved as transformers saves it (language_model.model.*). Not among MODEL_TYPES
+#: (a text-only loader reads other tensor names); build_config / build_tiny_checkpoint take it.
+MULTIMODAL_GEMMA3 = "gemma3"
 
 DEFAULT_INITIALIZER_RANGE = 0.2
 
@@ -133,6 +141,10 @@ TINY_SHAPES: dict[str, dict[str, Any]] = {
     "tiny-mistral": dict(model_type="mistral"),
     "tiny-qwen2": dict(model_type="qwen2"),
     "tiny-qwen3": dict(model_type="qwen3"),
+    "tiny-gemma2": dict(model_type="gemma2"),
+    "tiny-gemma3": dict(model_type="gemma3_text"),
+    "tiny-phi3": dict(model_type="phi3"),
+    "tiny-smollm3": dict(model_type="smollm3"),
 }
 
 # --------------------------------------------------------------------------------------
@@ -157,6 +169,20 @@ def llama3_rope_scaling(
         "low_freq_factor": float(low_freq_factor),
         "high_freq_factor": float(high_freq_factor),
         "original_max_position_embeddings": int(original_max_position_embeddings),
+    }
+
+
+def longrope_scaling(rotary_dim: int, short_scale: float = 0.05, long_scale: float = 0.5) -> dict[str, Any]:
+    """A ``rope_scaling`` argument for a ``phi3`` ``build_tiny_checkpoint`` selecting LongRoPE (Phi-3's
+    "su" scaling): per frequency, short factors 1 + short_scale * i and long factors
+    1 + long_scale * i, i = 0 .. rotary_dim / 2 - 1 (``rotary_dim``: head_dim x
+    partial_rotary_factor). The switch point is the checkpoint's
+    ``original_max_position_embeddings`` (a keyword of its own)."""
+    n = rotary_dim // 2
+    return {
+        "rope_type": "longrope",
+        "short_factor": [1.0 + short_scale * i for i in range(n)],
+        "long_factor": [1.0 + long_scale * i for i in range(n)],
     }
 
 
@@ -198,15 +224,50 @@ def build_config(
     bos_token_id: int = 1,
     eos_token_id: int = 2,
     dtype: torch.dtype | str = torch.float32,
+    sliding_window: int | None = None,
+    layer_types: list[str] | None = None,
+    max_window_layers: int | None = None,
+    query_pre_attn_scalar: float | None = None,
+    attn_logit_softcapping: float | None = None,
+    final_logit_softcapping: float | None = None,
+    rope_local_theta: float = 10000.0,
+    partial_rotary_factor: float = 1.0,
+    original_max_position_embeddings: int | None = None,
+    no_rope_layer_interval: int | None = None,
+    attention_bias: bool = False,
+    mlp_bias: bool = False,
 ):
     """The Hugging Face config (``LlamaConfig``, ``MistralConfig``, ``Qwen2Config``,
-    ``Qwen3Config``) that ``build_tiny_checkpoint`` uses, without building weights.
-    (E.g. ``with torch.device("meta"): AutoModelForCausalLM.from_config(cfg)`` to count
-    parameters.)"""
+    ``Qwen3Config``, ``Gemma2Config``, ``Gemma3TextConfig``, ``Phi3Config``, ``SmolLM3Config``)
+    that ``build_tiny_checkpoint`` uses, without building weights. (E.g. ``with
+    torch.device("meta"): AutoModelForCausalLM.from_config(cfg)`` to count parameters.)
+
+    Family keywords (None: the family's usual form):
+
+    - ``sliding_window``: mistral and phi3: every layer; qwen2/qwen3: the layers from
+      ``max_window_layers`` on (transformers' default 28), with ``use_sliding_window``; smollm3:
+      the layers without RoPE, with ``use_sliding_window``; gemma2/gemma3_text: the sliding
+      layers (default window 32). ``layer_types`` ("sliding_attention" / "full_attention" per layer) overrides
+      the pattern (gemma2: alternating from a sliding layer 0; gemma3_text: every second layer,
+      transformers' sliding_window_pattern = 2 here).
+    - gemma2/gemma3_text: ``query_pre_attn_scalar`` (default: head_dim), soft-capping of the
+      attention scores and of the final logits (gemma2 default 50.0 / 30.0, gemma3_text none);
+      gemma3_text: ``rope_local_theta`` (the sliding layers' RoPE base), ``rope_theta`` and
+      ``rope_scaling`` the full-attention layers'.
+    - phi3: ``partial_rotary_factor``, ``original_max_position_embeddings`` (LongRoPE's switch
+      point; default max_position_embeddings), ``rope_scaling`` e.g. ``longrope_scaling(...)``.
+    - smollm3: ``no_rope_layer_interval`` (every n-th layer skips RoPE; default 2 here).
+    - ``attention_bias``: llama/smollm3/gemma: q/k/v/o biases (qwen2 always has q/k/v ones);
+      ``mlp_bias``: llama/smollm3: gate/up/down biases."""
     import transformers
 
+    if model_type == MULTIMODAL_GEMMA3:
+        args = dict(locals(), model_type="gemma3_text")
+        del args["transformers"]
+        return _gemma3_multimodal(build_config(**args), tie_word_embeddings)
     if model_type not in MODEL_TYPES:
-        raise ValueError(f"model_type={model_type!r} is not supported; use one of {MODEL_TYPES}")
+        raise ValueError(f"model_type={model_type!r} is not supported; use one of {MODEL_TYPES} "
+                         f"(or {MULTIMODAL_GEMMA3!r})")
     if num_heads % num_kv_heads != 0:
         raise ValueError(
             f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}"
@@ -244,30 +305,83 @@ def build_config(
         dtype=_to_dtype(dtype),
     )
     default_head_dim = hidden_size // num_heads
+    windowed = dict(use_sliding_window=sliding_window is not None, sliding_window=sliding_window)
+    if layer_types is not None:
+        windowed["layer_types"] = list(layer_types)
+    qwen_window_layers = {} if max_window_layers is None else {"max_window_layers": max_window_layers}
     if model_type == "llama":
         cfg = transformers.LlamaConfig(
-            **common, head_dim=head_dim, attention_bias=False, mlp_bias=False
+            **common, head_dim=head_dim, attention_bias=attention_bias, mlp_bias=mlp_bias
         )
     elif model_type == "mistral":
-        cfg = transformers.MistralConfig(**common, head_dim=head_dim, sliding_window=None)
-    elif model_type == "qwen2":
-        # Qwen2 has no head_dim field: it is always hidden_size // num_attention_heads.
+        cfg = transformers.MistralConfig(**common, head_dim=head_dim, sliding_window=sliding_window)
+    elif model_type in ("qwen2", "phi3"):
+        # Qwen2 and Phi-3 have no head_dim field: it is always hidden_size // num_attention_heads.
         if head_dim is not None and head_dim != default_head_dim:
             raise ValueError(
-                f"qwen2 does not support head_dim={head_dim} != hidden_size // num_heads "
+                f"{model_type} does not support head_dim={head_dim} != hidden_size // num_heads "
                 f"= {default_head_dim}"
             )
-        cfg = transformers.Qwen2Config(**common, use_sliding_window=False)
-    else:  # qwen3
+        if model_type == "qwen2":
+            cfg = transformers.Qwen2Config(**common, **windowed, **qwen_window_layers)
+        else:
+            rope = dict(common.pop("rope_parameters"))
+            rope["partial_rotary_factor"] = float(partial_rotary_factor)
+            omax = original_max_position_embeddings or max_position_embeddings
+            if rope.get("rope_type") == "longrope" and omax >= max_position_embeddings:
+                raise ValueError(f"longrope needs original_max_position_embeddings < max_position_embeddings="
+                                 f"{max_position_embeddings}, got {omax}")
+            cfg = transformers.Phi3Config(**common, rope_parameters=rope, original_max_position_embeddings=omax,
+                                          sliding_window=sliding_window)
+    elif model_type == "qwen3":
         cfg = transformers.Qwen3Config(
             **common,
             head_dim=head_dim if head_dim is not None else default_head_dim,
             attention_bias=False,
-            use_sliding_window=False,
+            **windowed,
+            **qwen_window_layers,
         )
+    elif model_type == "smollm3":
+        cfg = transformers.SmolLM3Config(**common, **windowed, no_rope_layer_interval=no_rope_layer_interval or 2,
+                                         attention_bias=attention_bias, mlp_bias=mlp_bias)
+    else:  # gemma2, gemma3_text
+        common.pop("hidden_act")
+        rope = common.pop("rope_parameters")
+        hd = head_dim if head_dim is not None else default_head_dim
+        gemma = dict(
+            head_dim=hd, hidden_activation="gelu_pytorch_tanh", attention_bias=attention_bias,
+            sliding_window=sliding_window if sliding_window is not None else 32,
+            query_pre_attn_scalar=query_pre_attn_scalar if query_pre_attn_scalar is not None else hd,
+        )
+        if layer_types is not None:
+            gemma["layer_types"] = list(layer_types)
+        if model_type == "gemma2":
+            cfg = transformers.Gemma2Config(
+                **common, **gemma, rope_parameters=rope,
+                attn_logit_softcapping=50.0 if attn_logit_softcapping is None else attn_logit_softcapping,
+                final_logit_softcapping=30.0 if final_logit_softcapping is None else final_logit_softcapping)
+        else:
+            if "layer_types" not in gemma:
+                gemma["layer_types"] = ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                        for i in range(num_layers)]
+            local = {"rope_type": "default", "rope_theta": float(rope_local_theta)}
+            cfg = transformers.Gemma3TextConfig(
+                **common, **gemma, rope_parameters={"full_attention": rope, "sliding_attention": local},
+                attn_logit_softcapping=attn_logit_softcapping, final_logit_softcapping=final_logit_softcapping)
     if getattr(cfg, "head_dim", default_head_dim) % 2 != 0:
         raise ValueError(f"head_dim={cfg.head_dim} must be even for RoPE")
     return cfg
+
+
+def _gemma3_multimodal(text_config, tie_word_embeddings: bool):
+    """A multimodal Gemma 3 config ("gemma3", Gemma3ForConditionalGeneration) around `text_config`,
+    with a one-layer SigLIP vision tower (which pyengine does not load)."""
+    import transformers
+
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)
+    return transformers.Gemma3Config(text_config=text_config, vision_config=vision, mm_tokens_per_image=4,
+                                     tie_word_embeddings=tie_word_embeddings, dtype=text_config.dtype)
 
 
 @torch.no_grad()
@@ -309,11 +423,11 @@ def build_tiny_checkpoint(
     tokenizer_vocab_size: int | None = None,
     **config: Any,
 ) -> Path:
-    """Build a random-weight ``model_type`` checkpoint (llama, mistral, qwen2, qwen3) into
+    """Build a random-weight ``model_type`` checkpoint (one of ``MODEL_TYPES``) into
     ``path`` and return ``path``. ``config``: the shape and the rest of :func:`build_config`'s
     keywords (hidden_size, num_layers, num_heads, num_kv_heads, head_dim, intermediate_size,
     tie_word_embeddings, max_position_embeddings, rope_theta, rope_scaling,
-    initializer_range, rms_norm_eps).
+    initializer_range, rms_norm_eps, and the family keywords: sliding_window, layer_types, ...).
 
     The Hugging Face ``*ForCausalLM`` is instantiated under ``torch.manual_seed(seed)``
     (deterministic for a given torch version), cast to ``dtype`` and written with

@@ -154,3 +154,17 @@ def test_fp8_kv_cache_stays_close(gpu_models):
                  for p, r in zip(prompts(), results))
     assert all(len(r.token_ids) == NEW_TOKENS for r in results)
     assert misses <= math.ceil(0.1 * NEW_TOKENS * len(PROMPT_LENGTHS)), misses
+
+
+def test_longrope_decodes_eagerly_and_equals_transformers(checkpoint_factory):
+    """A LongRoPE model's forward keeps per-slot bookkeeping a CUDA graph replay would skip: it
+    runs without graphs, its greedy output transformers' across the switch point."""
+    from pyengine.testing.checkpoints import longrope_scaling
+    model_dir = checkpoint_factory("gpu_phi3_longrope", model_type="phi3", hidden_size=256, num_heads=4,
+                                   num_kv_heads=2, original_max_position_embeddings=48,
+                                   rope_scaling=longrope_scaling(64))
+    engine = gpu_engine(model_dir)
+    assert engine.startup_report()["cuda_graph_batch_sizes"] == []
+    for prompt in ([5, 9, 44], list(range(3, 63))):  # below and beyond the switch point
+        out = engine.generate(prompt, greedy(), use_tqdm=False)[0]
+        assert out.token_ids == hf_greedy(model_dir, prompt, NEW_TOKENS, device="cuda")
