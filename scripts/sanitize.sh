@@ -71,8 +71,12 @@ for m in (pyengine, core):
     assert os.path.realpath(m.__file__).startswith(prefix), f"{m.__name__} imported from {m.__file__}, not {prefix}"
 print(core.__file__)')"
   shift
+  # ldd's output first, then grep: `ldd | grep -q` fails under pipefail when grep exits at the
+  # first match and ldd, still writing, dies of SIGPIPE
+  local deps
+  deps="$(ldd "$so")"
   for lib in "$@"; do
-    ldd "$so" | grep -q "$lib" || { echo "sanitize.sh: $so is not linked with $lib" >&2; exit 1; }
+    grep -q "$lib" <<< "$deps" || { echo "sanitize.sh: $so is not linked with $lib" >&2; exit 1; }
   done
 }
 
