@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -14,24 +15,30 @@ from pathlib import Path
 DEMO_MODEL = dict(model_type="llama", hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2,
                   intermediate_size=688, vocab_size=512, max_position_embeddings=1024)
 DEMO_CHECKPOINT = "demo-llama"
+# The trained demo model shipped in the package (scripts/train_demo_model.py writes it).
+DEMO_MODEL_DIR = Path(__file__).resolve().parent / "demo_model"
 DEMO_PROMPTS = [
-    "Once upon a time",
-    "The engine schedules requests",
-    "In-flight batching keeps the",
-    "A paged KV cache stores",
-    "Hello, world!",
-    "Sequence slots hold per-request state",
-    "Chunked prefill splits long prompts",
-    "The quick brown fox jumps over the lazy dog",
+    'The "for" statement',
+    "A list comprehension",
+    "Exceptions are",
+    "The import statement",
+    "A class definition",
+    "Return a new dictionary",
+    "The with statement",
+    "Strings are",
 ]
+STREAM_PROMPT = "The try statement"
+# Decoding for the trained demo model: greedy, with a mild repetition penalty (a model this
+# small otherwise soon repeats itself).
+DEMO_REPETITION_PENALTY = 1.3
 # The dtypes the engine runs (pyengine.engine.engine.DTYPES), float16 included on the CPU.
 DTYPE_CHOICES = ["float32", "bfloat16", "float16"]
 EXIT_ERROR = 2
 
 
 def demo_checkpoint() -> tuple[Path, bool]:
-    """The demo's random-weight model from the checkpoint cache, and whether it was built
-    now (True) or reused (False). cached_checkpoint reuses the directory exactly when its
+    """The demo's random-weight model (--random) from the checkpoint cache, and whether it was
+    built now (True) or reused (False). cached_checkpoint reuses the directory exactly when its
     stamp matches the builder's arguments and library versions; the same test, made before
     the call, tells which one happens."""
     from pyengine.testing import checkpoints
@@ -40,18 +47,80 @@ def demo_checkpoint() -> tuple[Path, bool]:
     return checkpoints.cached_checkpoint(DEMO_CHECKPOINT, DEMO_MODEL), not reused
 
 
+def num_parameters(model_dir: Path) -> int:
+    """Parameters in a directory's *.safetensors files (read from their headers)."""
+    from safetensors import safe_open
+
+    total = 0
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():
+                n = 1
+                for d in st.get_slice(name).get_shape():
+                    n *= d
+                total += n
+    return total
+
+
+def demo_model() -> Path:
+    """The trained demo model shipped with the package; a clear error if its files are missing."""
+    if not (DEMO_MODEL_DIR / "model.safetensors").is_file():
+        raise FileNotFoundError(f"the demo model is missing from {str(DEMO_MODEL_DIR)!r}: run "
+                                "`python scripts/train_demo_model.py` in a source checkout, or use --random or --model")
+    return DEMO_MODEL_DIR
+
+
+class _Wrapper:
+    """Writes text as it comes (a stream's pieces), indented by 4, breaking lines at the first
+    space past `width` columns; the text's own line breaks are kept."""
+
+    def __init__(self, width: int = 92) -> None:
+        self.width, self.col = width, 0
+
+    def write(self, text: str) -> None:
+        out = []
+        for part in re.split(r"(\n| )", text):
+            if part == "\n" or (part == " " and self.col >= self.width):
+                out.append("\n")
+                self.col = 0
+            elif part:
+                if self.col == 0:
+                    out.append("    ")
+                    self.col = 4
+                out.append(part)
+                self.col += len(part)
+        sys.stdout.write("".join(out))
+        sys.stdout.flush()
+
+    def end(self) -> None:
+        if self.col:
+            sys.stdout.write("\n")
+        self.col = 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from pyengine import Engine, SamplingParams, SchedulerConfig
 
     if args.num_requests < 1:
         raise ValueError(f"--num-requests must be at least 1, got {args.num_requests}")
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=args.model is None)
-    if args.model is None:
+    random_weights = args.random
+    if random_weights:
+        params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
         model_dir, built = demo_checkpoint()
         where = f"built just now in {model_dir}" if built else f"reused from the cache, {model_dir}"
-        print(f"No --model given: using a small RANDOM-WEIGHT Llama model, {where}.\n"
+        print(f"--random: using a small RANDOM-WEIGHT Llama model, {where}.\n"
               "Its text is meaningless; it shows the engine working, not a language model.\n")
+    elif args.model is None:
+        params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens,
+                                repetition_penalty=DEMO_REPETITION_PENALTY)
+        model_dir = demo_model()
+        print(f"Model: a {num_parameters(model_dir) / 1e6:.1f} M-parameter Llama trained on CPython's bundled "
+              f"documentation by scripts/train_demo_model.py ({model_dir}).\n"
+              "It continues text in the style of the Python docs (greedy decoding, repetition penalty "
+              f"{DEMO_REPETITION_PENALTY}); it is tiny and not an assistant. --random runs a random-weight "
+              "model, --model DIR your own.\n")
     else:
+        params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
         model_dir = Path(args.model)
     batch = min(len(DEMO_PROMPTS), args.num_requests)
     prompts = [DEMO_PROMPTS[i % len(DEMO_PROMPTS)] for i in range(args.num_requests)]
@@ -63,19 +132,47 @@ def _demo(args: argparse.Namespace) -> int:
     with Engine(model_dir, dtype=args.dtype, max_seq_len=args.max_seq_len,
                 scheduler_config=SchedulerConfig(max_batch_size=batch)) as engine:
         start = time.perf_counter()
-        results = engine.generate(prompts, params)
+        results = engine.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
-    # One entry per distinct (prompt, tokens): a repeat that decoded differently is shown on its own.
-    shown: dict[tuple[str, tuple[int, ...]], list] = {}
-    for prompt, r in zip(prompts, results):
-        shown.setdefault((prompt, tuple(r.token_ids)), []).append(r)
-    for (prompt, _), rs in shown.items():
-        ids = ", ".join(str(r.request_id) for r in rs)
-        print(f"--- {'requests' if len(rs) > 1 else 'request'} {ids}: {prompt!r}\n"
-              f"    tokens: {rs[0].token_ids}\n    text:   {rs[0].text!r}")
-    generated = sum(len(r.token_ids) for r in results)
-    print(f"\n{len(results)} requests ({distinct} distinct prompts), {generated} generated tokens in "
-          f"{elapsed:.2f} s: {generated / elapsed:.1f} tokens/s ({args.dtype})")
+        # One entry per distinct (prompt, tokens): a repeat that decoded differently is shown on its own.
+        shown: dict[tuple[str, tuple[int, ...]], list] = {}
+        for prompt, r in zip(prompts, results):
+            shown.setdefault((prompt, tuple(r.token_ids)), []).append(r)
+        for (prompt, _), rs in shown.items():
+            ids = ", ".join(str(r.request_id) for r in rs)
+            print(f"--- {'requests' if len(rs) > 1 else 'request'} {ids}: {prompt!r}")
+            if random_weights:
+                print(f"    tokens: {rs[0].token_ids}\n    text:   {rs[0].text!r}")
+            else:
+                wrapper = _Wrapper()
+                wrapper.write(f"[{prompt}]{rs[0].text.rstrip()}")
+                wrapper.end()
+        generated = sum(len(r.token_ids) for r in results)
+        batch_line = (f"{len(results)} requests ({distinct} distinct prompts), {generated} generated tokens in "
+                      f"{elapsed:.2f} s: {generated / elapsed:.1f} tokens/s ({args.dtype})")
+
+        stream_prompt = STREAM_PROMPT if not random_weights else DEMO_PROMPTS[0]
+        print(f"\n--- streamed, token by token as each step produces it: {stream_prompt!r}")
+        wrapper = _Wrapper()
+        wrapper.write(f"[{stream_prompt}]")
+        start = time.perf_counter()
+        pieces, final = 0, None
+        for out in engine.stream(stream_prompt, params):
+            # a random model's bytes escaped, as repr() shows them above
+            wrapper.write(repr(out.new_text)[1:-1] if random_weights else out.new_text)
+            pieces += 1
+            final = out
+        stream_elapsed = time.perf_counter() - start
+        wrapper.end()
+        print(f"    [streamed {len(final.token_ids)} tokens in {pieces} outputs, {stream_elapsed:.2f} s, "
+              f"finish_reason={final.finish_reason}]")
+
+        print(f"\n{batch_line}")
+        stats = engine.stats()
+        print("engine stats: " + ", ".join(f"{k}={v}" for k, v in stats.items()))
+        timings = engine.timings()
+        steps = int(timings.pop("steps", 0))
+        print(f"step timings ({steps} steps): " + ", ".join(f"{k} {v:.3f} s" for k, v in timings.items()))
     return 0
 
 
@@ -125,8 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="on an error, show the traceback")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run a batch of requests (a random-weight model unless --model)")
-    demo.add_argument("--model", default=None, help="a local Hugging Face model directory, or a GGUF file")
+    demo = sub.add_parser("demo", help="run a batch of requests, then a streamed one, on the bundled demo model "
+                                       "(a tiny Llama trained on Python's documentation) or --model / --random")
+    which = demo.add_mutually_exclusive_group()
+    which.add_argument("--model", default=None, help="a local Hugging Face model directory, or a GGUF file")
+    which.add_argument("--random", action="store_true",
+                       help="a small random-weight Llama instead of the trained demo model (meaningless text)")
     demo.add_argument("--num-requests", type=int, default=16,
                       help="requests to run (the 8 demo prompts repeat to make up the number; default 16)")
     demo.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per request (default 64)")
