@@ -1,8 +1,10 @@
 """W7 — constrained output: W1 reduced to 32 requests (prompts 32-256, outputs 16-128), every
 request constrained by one moderate JSON schema (nested objects, arrays, enums, 20 properties),
 at batch 16 and 64: the mean step time against the same requests unconstrained (same engine
-settings, alternating runs), the first compile (the engine's grammar compiler built from the
-tokenizer, then the schema) and a cached compile, and the share of outputs that are valid.
+settings, alternating runs; each unconstrained request generates as many tokens as its
+constrained twin did, so both runs schedule the same sequences in every step), the first compile
+(the engine's grammar compiler built from the tokenizer, then the schema) and a cached compile,
+and the share of outputs that are valid.
 
 The model is smollm-135m-shape (random weights, 49,152-token vocabulary). Its test tokenizer
 has 512 tokens, which would make the grammar masks unrealistically cheap: this benchmark trains
@@ -120,13 +122,19 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         backend.compile(GuidedDecodingParams(json=dict(SCHEMA)))
         t_cached = time.perf_counter() - t
+        constrained = [SamplingParams(temperature=1.0, seed=i, max_tokens=r.max_tokens, guided_decoding=guided)
+                       for i, r in enumerate(requests)]
+        # A constrained request ends where its JSON ends, mostly before max_tokens. The unconstrained
+        # run generates exactly as many tokens per request (ignore_eos), so both runs have the same
+        # schedule (same sequences in every step) and their step times compare like for like.
+        lengths = [len(o.token_ids) for o in engine.generate(prompts, constrained, use_tqdm=False)]
         params = {
-            "unconstrained": [SamplingParams(temperature=1.0, seed=i, max_tokens=r.max_tokens, ignore_eos=True)
-                              for i, r in enumerate(requests)],
-            "json": [SamplingParams(temperature=1.0, seed=i, max_tokens=r.max_tokens, guided_decoding=guided)
-                     for i, r in enumerate(requests)],
+            "unconstrained": [SamplingParams(temperature=1.0, seed=i, max_tokens=n_out, ignore_eos=True)
+                              for i, n_out in enumerate(lengths)],
+            "json": constrained,
         }
         step_ms: dict[str, list[float]] = {k: [] for k in params}
+        num_steps: dict[str, set[int]] = {k: set() for k in params}
         valid = total = ended = 0
         for _ in range(args.runs):
             for kind, ps in params.items():
@@ -136,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                 elapsed = time.perf_counter() - t
                 steps = engine.timings()["steps"]
                 step_ms[kind].append(1000 * elapsed / steps)
+                num_steps[kind].add(int(steps))
+                if [len(o.token_ids) for o in outs] != lengths:
+                    raise RuntimeError(f"{kind}: output lengths differ from the first constrained run's")
                 if kind == "json":
                     for o in outs:
                         total += 1
@@ -146,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                                 valid += 1
                             except (ValueError, jsonschema.ValidationError):
                                 pass
+        if len(num_steps["json"] | num_steps["unconstrained"]) != 1:
+            raise RuntimeError(f"the runs' schedules differ: steps {num_steps}")
         free, json_ms = median(step_ms["unconstrained"]), median(step_ms["json"])
         rows.append((batch, free, json_ms, t_backend, t_first, t_cached, valid, ended, total))
         print(f"  batch {batch}: step {free:.1f} ms unconstrained, {json_ms:.1f} ms constrained "
