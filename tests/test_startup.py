@@ -136,8 +136,8 @@ def test_capacity_follows_the_formula(llama_dir, kv_dtype, monkeypatch):
         assert engine._runner.kv_pool.numel() * engine._runner.kv_pool.element_size() == r["num_blocks"] * bpb
         return r
 
-    from pyengine.runtime.kv_capacity import _meminfo
-    fraction = 60 * bpb / _meminfo("MemAvailable")  # about 60 blocks: the fraction binds
+    from pyengine.runtime.host_memory import available_bytes
+    fraction = 60 * bpb / available_bytes()  # about 60 blocks: the fraction binds
     r = check(small(llama_dir, dtype=kv_dtype, free_memory_fraction=fraction))
     assert 40 < r["num_blocks"] < seat_cap
     r = check(small(llama_dir, dtype=kv_dtype, max_memory_bytes=50 * bpb + 7), cap_bytes=50 * bpb + 7)

@@ -21,6 +21,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable
 
+from pyengine.runtime import host_memory
+
 if TYPE_CHECKING:
     import torch
 
@@ -52,28 +54,6 @@ class KvCapacity:
         return asdict(self) | {"pool_bytes": self.num_blocks * self.bytes_per_block}
 
 
-def _proc_bytes(path: str, *fields: str) -> list[int]:
-    """The `field: N kB` lines of a /proc file, in bytes, read in one pass."""
-    found: dict[str, int] = {}
-    with open(path) as f:
-        for line in f:
-            name = line.split(":", 1)[0]
-            if name in fields:
-                found[name] = int(line.split()[1]) * 1024
-    missing = [x for x in fields if x not in found]
-    if missing:
-        raise OSError(f"{missing[0]} not in {path}")
-    return [found[x] for x in fields]
-
-
-def _meminfo(field: str) -> int:
-    return _proc_bytes("/proc/meminfo", field)[0]
-
-
-def _status(*fields: str) -> list[int]:
-    return _proc_bytes("/proc/self/status", *fields)
-
-
 @dataclass
 class MemoryReading:
     available_bytes: int   # what the system could still give, the transient peak taken out
@@ -87,16 +67,12 @@ class CpuMemoryProbe:
     """Measures the transient peak of a function on the CPU."""
 
     def measure(self, run: Callable[[], None]) -> MemoryReading:
-        try:  # reset the high-water mark to the current resident set
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            pass
-        (before,) = _status("VmRSS")
+        host_memory.reset_peak_rss()  # where it cannot, the peak below is the all-time one (larger)
+        before = host_memory.rss_bytes()
         run()
-        after, hwm = _status("VmRSS", "VmHWM")
+        after, hwm = host_memory.rss_bytes(), host_memory.peak_rss_bytes()
         peak = max(0, hwm - after)  # what the batch needed beyond what stays resident
-        return MemoryReading(available_bytes=max(0, _meminfo("MemAvailable") - peak), peak_bytes=peak,
+        return MemoryReading(available_bytes=max(0, host_memory.available_bytes() - peak), peak_bytes=peak,
                              rss_before=before, rss_peak=hwm, rss_after=after)
 
 
