@@ -8,6 +8,11 @@
             ...
 """
 
+# torch first, before the C++ extension: torch's wheel ships its OpenMP runtime (libgomp.so.1),
+# and the extension's libgomp.so.1 then binds to that same loaded copy instead of loading a
+# second runtime whose worker threads would compete with torch's (tests/test_openmp_runtime.py).
+import torch  # noqa: F401  (isort: skip)
+
 from pyengine.config import KvCacheConfig, SchedulerConfig
 from pyengine.engine import Engine, StartupError
 from pyengine.engine.outputs import RequestMetrics, RequestOutput
