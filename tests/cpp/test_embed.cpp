@@ -176,6 +176,22 @@ TEST(no_thread_holds_the_gil_between_calls) {
   CHECK_EQ(other.get(), 45L);
 }
 
+TEST(an_overlap_engine_gives_the_same_tokens) {
+  // overlap=True runs the forward in a Python worker thread: it needs the GIL that the
+  // engine's thread leaves free between calls
+  pe::EngineOptions o;
+  o.model = g_python->demo_model_dir();
+  o.overlap = true;
+  pe::Engine overlapped(o);
+  const int64_t id = overlapped.add_request("The \"for\" statement", greedy(10));
+  pe::Output last;
+  while (overlapped.has_unfinished())
+    for (pe::Output& out : overlapped.step())
+      if (out.request_id == id) last = out;
+  CHECK_EQ(last.finish_reason, std::string("length"));
+  CHECK_EQ(last.token_ids, run_to_end(engine().add_request("The \"for\" statement", greedy(10))).token_ids);
+}
+
 TEST(an_engine_moves_and_a_moved_from_engine_says_so) {
   pe::Engine moved(std::move(*g_engine));
   pe::Error e = error_of([&] { g_engine->step(); });

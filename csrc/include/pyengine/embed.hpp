@@ -113,6 +113,22 @@ inline Error to_error(py::error_already_set& e) {
   return Error(std::move(type), std::move(message), std::move(tb));
 }
 
+// With the GIL held: a pyengine module; if pyengine is not importable, an Error that says
+// which Python looked for it and how to point it at the right environment.
+inline py::module_ import_pyengine(const char* name) {
+  try {
+    return py::module_::import(name);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_ImportError)) throw;
+    py::module_ sys = py::module_::import("sys");
+    throw Error(py::str(e.type().attr("__name__")),
+                std::string(py::str(e.value())) + " (embedded Python " + std::string(py::str(sys.attr("executable"))) +
+                    ", prefix " + std::string(py::str(sys.attr("prefix"))) +
+                    "): set PYENGINE_PYTHON (or InterpreterOptions::python_executable) to the python of the "
+                    "environment pyengine is installed in");
+  }
+}
+
 }  // namespace detail
 
 // Starts Python (once per process) and releases the GIL; finalizes Python when destroyed.
@@ -173,7 +189,7 @@ class Interpreter {
   std::string demo_model_dir() const {
     pybind11::gil_scoped_acquire gil;
     try {
-      return pybind11::str(pybind11::module_::import("pyengine.cli").attr("DEMO_MODEL_DIR"));
+      return pybind11::str(detail::import_pyengine("pyengine.cli").attr("DEMO_MODEL_DIR"));
     } catch (pybind11::error_already_set& e) {
       throw detail::to_error(e);
     }
@@ -332,18 +348,7 @@ class Engine {
  private:
   static pybind11::object construct(const EngineOptions& o) {
     namespace py = pybind11;
-    py::module_ pe;
-    try {
-      pe = py::module_::import("pyengine");
-    } catch (py::error_already_set& e) {
-      if (!e.matches(PyExc_ImportError)) throw;
-      py::module_ sys = py::module_::import("sys");
-      throw Error(py::str(e.type().attr("__name__")),
-                  std::string(py::str(e.value())) + " (embedded Python " + std::string(py::str(sys.attr("executable"))) +
-                      ", prefix " + std::string(py::str(sys.attr("prefix"))) +
-                      "): set PYENGINE_PYTHON (or InterpreterOptions::python_executable) to the python of the "
-                      "environment pyengine is installed in");
-    }
+    py::module_ pe = detail::import_pyengine("pyengine");
     py::dict kw;
     kw["dtype"] = o.dtype;
     kw["device"] = o.device;
