@@ -10,7 +10,14 @@ if(NOT _pe_embed MATCHES "^(AUTO|ON|OFF)$")
 endif()
 
 set(_pe_embed_build OFF)
-if(NOT _pe_embed STREQUAL "OFF" AND (PYENGINE_BUILD_EXAMPLES OR PYENGINE_BUILD_TESTS))
+if(PYENGINE_SANITIZE AND NOT _pe_embed STREQUAL "OFF")
+  # The programs would load the sanitized Python extension into an uninstrumented process
+  # (ASan must come first); scripts/sanitize.sh covers the core through pytest instead.
+  if(_pe_embed STREQUAL "ON")
+    message(FATAL_ERROR "pyengine: PYENGINE_EMBED=ON cannot be combined with PYENGINE_SANITIZE")
+  endif()
+  message(STATUS "pyengine: embedded-engine example and tests OFF (PYENGINE_SANITIZE is set)")
+elseif(NOT _pe_embed STREQUAL "OFF" AND (PYENGINE_BUILD_EXAMPLES OR PYENGINE_BUILD_TESTS))
   set(_pe_embed_missing "")
   find_package(Python 3.10 COMPONENTS Interpreter Development.Embed)
   if(NOT Python_Interpreter_FOUND OR NOT Python_Development.Embed_FOUND)
@@ -36,6 +43,8 @@ if(NOT _pe_embed STREQUAL "OFF" AND (PYENGINE_BUILD_EXAMPLES OR PYENGINE_BUILD_T
   else()
     set(_pe_embed_build ON)
   endif()
+elseif(PYENGINE_BUILD_EXAMPLES OR PYENGINE_BUILD_TESTS)
+  message(STATUS "pyengine: embedded-engine example and tests OFF (PYENGINE_EMBED=OFF)")
 endif()
 
 if(_pe_embed_build)
