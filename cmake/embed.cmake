@@ -59,6 +59,7 @@ if(_pe_embed_build)
   target_link_libraries(pyengine_embed INTERFACE pybind11::embed Threads::Threads)
   add_executable(robot_loop examples/cpp/robot_loop.cpp)
   target_link_libraries(robot_loop PRIVATE pyengine_embed)
+  target_compile_options(robot_loop PRIVATE -Wall -Wextra)
   message(STATUS "pyengine: embedded-engine example and tests ON (python ${PYENGINE_EMBED_PYTHON}, "
                  "pybind11 ${pybind11_VERSION})")
   if(PYENGINE_BUILD_TESTS)

@@ -4,6 +4,7 @@
 enable_testing()
 add_executable(test_embed ${CMAKE_CURRENT_LIST_DIR}/test_embed.cpp)
 target_link_libraries(test_embed PRIVATE pyengine_embed)
+target_compile_options(test_embed PRIVATE -Wall -Wextra)
 add_test(NAME test_embed COMMAND test_embed)
 # the robot loop's streamed tokens against the Python engine's for the same greedy request
 add_test(NAME example_robot_loop
