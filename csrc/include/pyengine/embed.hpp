@@ -13,7 +13,8 @@
 //
 // Threading and the GIL (the rules; docs/embedding.md says why):
 //  1. One Interpreter per process. Construct it before any Engine and destroy it after the last
-//     one, on the same thread (usually main()). Python is not started twice in a process:
+//     one, on the same thread (usually main(); another thread aborts the process, saying so).
+//     Python is not started twice in a process:
 //     extension modules such as torch do not survive Py_Finalize, so a second Interpreter,
 //     even after the first is gone, throws Error.
 //  2. Between calls no C++ thread holds the GIL: the Interpreter releases it once Python is up,
@@ -34,6 +35,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -172,6 +174,11 @@ class Interpreter {
   }
 
   ~Interpreter() {
+    if (std::this_thread::get_id() != owner_) {  // rule 1: the GIL state saved is this thread's
+      std::fputs("pyengine::embed::Interpreter destroyed on a thread other than the one that constructed it\n",
+                 stderr);
+      std::abort();
+    }
     release_.reset();      // take the GIL back (this thread's state) ...
     interpreter_.reset();  // ... and finalize Python
     detail::process_state().live = nullptr;
