@@ -14,9 +14,8 @@
 // Threading and the GIL (the rules; docs/embedding.md says why):
 //  1. One Interpreter per process. Construct it before any Engine and destroy it after the last
 //     one, on the same thread (usually main(); another thread aborts the process, saying so).
-//     Python is not started twice in a process:
-//     extension modules such as torch do not survive Py_Finalize, so a second Interpreter,
-//     even after the first is gone, throws Error.
+//     Python is not started twice in a process: extension modules such as torch do not
+//     survive Py_Finalize, so a second Interpreter, even after the first is gone, throws Error.
 //  2. Between calls no C++ thread holds the GIL: the Interpreter releases it once Python is up,
 //     and every Engine call takes it on entry and releases it on return. So Python threads
 //     (the engine's overlap worker, torch's, the application's own) run while the C++ program
