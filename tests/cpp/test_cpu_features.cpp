@@ -21,7 +21,7 @@ const std::vector<std::string> kKnown = {"sse4_2",   "avx",      "avx2",        
                                          "avx512_vnni", "amx_tile", "amx_bf16"};
 const char* kFlagsKey = "flags";
 #elif defined(__aarch64__)
-const std::vector<std::string> kKnown = {"asimd", "fphp", "asimdhp", "asimddp", "sve", "bf16"};
+const std::vector<std::string> kKnown = {"asimd", "fphp", "asimdhp", "asimddp", "sve", "bf16", "i8mm"};
 const char* kFlagsKey = "Features";
 #else
 const std::vector<std::string> kKnown = {};

@@ -47,7 +47,7 @@ void set_cpu_isa(CpuIsa isa);
 // The CPU features that matter to the kernels, named as Linux's /proc/cpuinfo names them, in this
 // order -- x86-64: sse4_2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_bf16
 // avx512_vnni amx_tile amx_bf16 (from cpuid; AVX, AVX-512 and AMX features only when the OS saves
-// their registers, per xgetbv); aarch64 Linux: asimd fphp asimdhp asimddp sve bf16 (from the
+// their registers, per xgetbv); aarch64 Linux: asimd fphp asimdhp asimddp sve bf16 i8mm (from the
 // kernel's HWCAP words). Other platforms: none. Detected once; thread-safe.
 const std::vector<std::string>& cpu_feature_flags();
 

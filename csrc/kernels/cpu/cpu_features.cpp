@@ -96,7 +96,9 @@ std::vector<std::string> detect_flags() {
   add(hwcap & (1ul << 20), "asimddp");
   add(hwcap & (1ul << 22), "sve");
 #if defined(AT_HWCAP2)
-  add(getauxval(AT_HWCAP2) & (1ul << 14), "bf16");
+  const unsigned long hwcap2 = getauxval(AT_HWCAP2);
+  add(hwcap2 & (1ul << 14), "bf16");
+  add(hwcap2 & (1ul << 13), "i8mm");
 #endif
   return flags;
 }

@@ -21,16 +21,7 @@
 
 namespace pyengine::kernels::cpu {
 
-// Threads a kernel uses when its caller passes num_threads <= 0 (OpenMP's default; 1 without).
-static inline int max_threads() {
-#if defined(_OPENMP)
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
-// The threads a kernel plans for when its caller asks for `requested` (<= 0: max_threads()).
+// The threads a kernel plans for when its caller asks for `requested` (<= 0: OpenMP's default).
 // Without OpenMP always 1, so that a kernel whose plan depends on it (paged attention's split-K)
 // plans exactly as an OpenMP build asked for one thread does.
 static inline int resolve_threads(int requested) {
