@@ -75,3 +75,18 @@ def test_set_cpu_isa_refuses_unknown_and_unavailable_levels():
     with pytest.raises(ValueError, match=f"this CPU does not support {missing[0]}; this CPU has generic"):
         set_cpu_isa(missing[0])
     assert _core._cpu_isa() == before  # nothing changed
+
+
+def test_core_reports_the_cpu_features_and_model_as_proc_cpuinfo_does():
+    # The C++ side detects them itself (cpuid / HWCAP); on Linux x86-64 they must match the kernel's view.
+    flags = _core._cpu_feature_flags()
+    assert len(flags) == len(set(flags))
+    if not sys.platform.startswith("linux") or os.uname().machine != "x86_64":
+        pytest.skip("compared with /proc/cpuinfo on x86-64 Linux")
+    with open("/proc/cpuinfo") as f:
+        lines = [line.split(":", 1) for line in f if ":" in line]
+    info = {k.strip(): v.strip() for k, v in reversed(lines)}  # the first CPU's values
+    known = ["sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+             "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"]
+    assert flags == [f for f in known if f in info["flags"].split()]
+    assert _core._cpu_model_name() == info["model name"]

@@ -24,6 +24,9 @@ cdef extern from "pyengine/cpu_isa.h" namespace "pyengine":
     CpuIsa cpu_isa() except +
     string cpu_isa_reason()
     void set_cpu_isa(CpuIsa isa) except +
+    # (const references in C++: declared by value, so Cython copies them)
+    vector[string] cpu_feature_flags()
+    string cpu_model_name()
 
 
 LINEAR_MAX_ROWS = kLinearMaxRows
@@ -60,6 +63,18 @@ def _cpu_isa_reason() -> str:
 def _supported_cpu_isas() -> list:
     """The levels this CPU supports, lowest first."""
     return [cpu_isa_name(l).decode() for l in supported_cpu_isas()]
+
+
+def _cpu_feature_flags() -> list:
+    """The CPU features that matter to the kernels, named as /proc/cpuinfo names them (x86-64:
+    from cpuid/xgetbv; aarch64 Linux: from the kernel's HWCAP words)."""
+    return [f.decode() for f in cpu_feature_flags()]
+
+
+def _cpu_model_name() -> str:
+    """The CPU's model name as /proc/cpuinfo shows it (x86-64: the cpuid brand string); "" where
+    the CPU does not say (aarch64)."""
+    return cpu_model_name().decode()
 
 
 def _set_cpu_isa(str name):

@@ -1,4 +1,4 @@
-// Instruction-set levels of the CPU kernels, chosen once at run time.
+// Instruction-set levels of the CPU kernels, chosen once at run time, and the CPU's features.
 //
 // Every CPU kernel (paged attention, KV store, linear, the fused elementwise kernels, the
 // one-call decode layers) is compiled once per level; the binary itself stays baseline x86-64
@@ -43,5 +43,19 @@ std::string cpu_isa_reason();
 // Runs the kernels at `isa` from now on (for all threads); throws std::invalid_argument if this
 // CPU does not support it. Not meant to be called while kernels run on other threads.
 void set_cpu_isa(CpuIsa isa);
+
+// The CPU features that matter to the kernels, named as Linux's /proc/cpuinfo names them, in this
+// order -- x86-64: sse4_2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_bf16
+// avx512_vnni amx_tile amx_bf16 (from cpuid; AVX, AVX-512 and AMX features only when the OS saves
+// their registers, per xgetbv); aarch64 Linux: asimd fphp asimdhp asimddp sve bf16 i8mm (from the
+// kernel's HWCAP words). Other platforms: none. Detected once; thread-safe.
+const std::vector<std::string>& cpu_feature_flags();
+
+// True if `flag` (a name above) is among cpu_feature_flags().
+bool cpu_has_feature(const std::string& flag);
+
+// The CPU's model name as /proc/cpuinfo's "model name" shows it (x86-64: the cpuid brand string,
+// trimmed); "" where the CPU does not say (aarch64). Detected once; thread-safe.
+const std::string& cpu_model_name();
 
 }  // namespace pyengine

@@ -55,7 +55,8 @@ void store_kv(const void* key, const void* value, int64_t key_row_stride, int64_
 // softcap > 0: attention logit soft-capping (Gemma 2): each score s = scale * q.k becomes
 // softcap * tanh(s / softcap) before the causal / sliding-window mask and the softmax; 0 turns
 // it off, and a negative, infinite or NaN softcap is an error.
-// Accumulates in fp32; `num_threads` <= 0 uses OpenMP's default.
+// Accumulates in fp32; `num_threads` <= 0 uses OpenMP's default. (A build without OpenMP,
+// PYENGINE_OPENMP=OFF, runs every CPU kernel on the calling thread and ignores `num_threads`.)
 void paged_attention(void* out, int64_t out_row_stride, const void* query, int64_t query_row_stride,
                      DType q_dtype, const void* k_cache, const void* v_cache, DType cache_dtype,
                      const int32_t* query_start_loc, const int32_t* seq_lens,

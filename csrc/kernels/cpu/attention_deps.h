@@ -2,7 +2,7 @@
 // switch (see isa_target.h).
 #pragma once
 
-#include <omp.h>
+#include "parallel.h"
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif

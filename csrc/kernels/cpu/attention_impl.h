@@ -823,14 +823,14 @@ static void run_combine(const AttnParams& p, const CombineItem& c, float* scratc
 
 template <typename KV>
 static void run_all(const AttnParams& p) {
-  const int32_t nt = p.num_threads;
-#pragma omp parallel num_threads(nt) if (nt > 1)
+  [[maybe_unused]] const int32_t nt = p.num_threads;  // read by the OpenMP pragma only
+PYENGINE_OMP(parallel num_threads(nt) if (nt > 1))
   {
-    float* scratch = p.thread_scratch + omp_get_thread_num() * p.thread_scratch_floats;
-#pragma omp for schedule(dynamic, 1)
+    float* scratch = p.thread_scratch + cpu::thread_id() * p.thread_scratch_floats;
+PYENGINE_OMP(for schedule(dynamic, 1))
     for (int32_t i = 0; i < p.num_items; ++i) run_item<KV>(p, p.items[i], scratch);
     // implicit barrier: every partial is written before it is combined
-#pragma omp for schedule(dynamic, 1)
+PYENGINE_OMP(for schedule(dynamic, 1))
     for (int32_t i = 0; i < p.num_combines; ++i) run_combine(p, p.combines[i], scratch);
   }
 }

@@ -1,7 +1,7 @@
 // How the linear kernels share a layer's output columns (weight rows) between threads.
 #pragma once
 
-#include <omp.h>
+#include "parallel.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -19,10 +19,10 @@ void split_columns(int32_t N, int nt, int32_t grain, Rows&& rows) {
     return;
   }
   const int32_t groups = (N + grain - 1) / grain;
-#pragma omp parallel num_threads(nt)
+PYENGINE_OMP(parallel num_threads(nt))
   {
-    const int t = omp_get_thread_num();
-    const int T_ = omp_get_num_threads();
+    const int t = cpu::thread_id();
+    const int T_ = cpu::team_size();
     const int32_t g0 = static_cast<int32_t>(static_cast<int64_t>(groups) * t / T_);
     const int32_t g1 = static_cast<int32_t>(static_cast<int64_t>(groups) * (t + 1) / T_);
     rows(g0 * grain, std::min(N, g1 * grain));

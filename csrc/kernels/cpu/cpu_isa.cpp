@@ -18,16 +18,12 @@ bool cpu_supports(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kGeneric:
       return true;
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__)
     case CpuIsa::kAvx2:
-      __builtin_cpu_init();
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return cpu_has_feature("avx2") && cpu_has_feature("fma") && cpu_has_feature("f16c");
     case CpuIsa::kAvx512:
-      __builtin_cpu_init();
-      return cpu_supports(CpuIsa::kAvx2) && __builtin_cpu_supports("avx512f") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512dq");
+      return cpu_supports(CpuIsa::kAvx2) && cpu_has_feature("avx512f") && cpu_has_feature("avx512bw") &&
+             cpu_has_feature("avx512vl") && cpu_has_feature("avx512dq");
 #endif
 #if defined(__aarch64__)
     case CpuIsa::kNeon:

@@ -2,7 +2,7 @@
 // target switch (see isa_target.h).
 #pragma once
 
-#include <omp.h>
+#include "parallel.h"
 
 #include <cmath>
 #include <cstdint>

@@ -34,9 +34,9 @@ inline float round_to(float v) {  // the value `v` takes once stored as T
   return to_f32(t);
 }
 
-int threads_for(int32_t rows, int32_t num_threads) {
+[[maybe_unused]] int threads_for(int32_t rows, int32_t num_threads) {
   if (rows < 4) return 1;
-  return num_threads > 0 ? num_threads : omp_get_max_threads();
+  return cpu::resolve_threads(num_threads);
 }
 
 template <typename T>
@@ -46,7 +46,7 @@ void rms_norm_typed(const RmsNormArgs& a) {
   T* residual = static_cast<T*>(a.residual);
   const T* weight = static_cast<const T*>(a.weight);
   const int32_t hidden = a.hidden;
-#pragma omp parallel for num_threads(threads_for(a.rows, a.num_threads)) schedule(static)
+PYENGINE_OMP(parallel for num_threads(threads_for(a.rows, a.num_threads)) schedule(static))
   for (int32_t r = 0; r < a.rows; ++r) {
     const T* xr = x + r * a.x_stride;
     const T* src = xr;
@@ -82,7 +82,7 @@ void rotary_typed(const RotaryArgs& a) {
   const T* sin = static_cast<const T*>(a.sin);
   const int32_t head_dim = a.head_dim;
   const int32_t half = head_dim / 2;
-#pragma omp parallel for num_threads(threads_for(a.tokens, a.num_threads)) schedule(static)
+PYENGINE_OMP(parallel for num_threads(threads_for(a.tokens, a.num_threads)) schedule(static))
   for (int32_t t = 0; t < a.tokens; ++t) {
     const T* c = cos + static_cast<int64_t>(a.positions[t]) * head_dim;
     const T* s = sin + static_cast<int64_t>(a.positions[t]) * head_dim;
@@ -102,7 +102,7 @@ void rotary_typed(const RotaryArgs& a) {
 template <typename T>
 void silu_mul_typed(const SiluMulArgs& a) {
   const int32_t inter = a.inter;
-#pragma omp parallel for num_threads(threads_for(a.rows, a.num_threads)) schedule(static)
+PYENGINE_OMP(parallel for num_threads(threads_for(a.rows, a.num_threads)) schedule(static))
   for (int32_t r = 0; r < a.rows; ++r) {
     const T* g = static_cast<const T*>(a.gate_up) + static_cast<int64_t>(r) * 2 * inter;
     const T* u = g + inter;
@@ -127,8 +127,8 @@ void store_kv_typed(const StoreKvArgs& a) {
   Dst* kc = static_cast<Dst*>(a.k_cache);
   Dst* vc = static_cast<Dst*>(a.v_cache);
   const int32_t heads = a.num_kv_heads, head_dim = a.head_dim, tpb = a.tokens_per_block;
-  const int64_t work = static_cast<int64_t>(a.num_tokens) * heads * head_dim;
-#pragma omp parallel for schedule(static) if (work >= (int64_t{1} << 18))
+  [[maybe_unused]] const int64_t work = static_cast<int64_t>(a.num_tokens) * heads * head_dim;
+PYENGINE_OMP(parallel for schedule(static) if (work >= (int64_t{1} << 18)))
   for (int32_t t = 0; t < a.num_tokens; ++t) {
     const int32_t slot = a.slot_mapping[t];
     if (slot < 0) continue;

@@ -21,7 +21,14 @@
 #define PYENGINE_ISA_ARM 1
 #endif
 
-#if PYENGINE_ISA_X86
+#if PYENGINE_ISA_X86 && defined(__clang__)
+// clang has no `#pragma GCC target`: it gives every function in between the target attribute.
+#define PYENGINE_ISA_BEGIN_AVX2 \
+  _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c\"))), apply_to = function)")
+#define PYENGINE_ISA_BEGIN_AVX512                                                                 \
+  _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq\"))), apply_to = function)")
+#define PYENGINE_ISA_END _Pragma("clang attribute pop")
+#elif PYENGINE_ISA_X86
 #define PYENGINE_ISA_BEGIN_AVX2                              \
   _Pragma("GCC push_options") _Pragma("GCC diagnostic push") \
   _Pragma("GCC target(\"avx2,fma,f16c\")")

@@ -2,7 +2,7 @@
 // converted to fp32 once (zero-padded to a multiple of 32 columns, laid out as the level's
 // compute code wants) and shared by all threads, each thread taking a contiguous range of
 // output columns (weight rows); the compute code is the active level's (linear_<level>.cpp).
-#include <omp.h>
+#include "parallel.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -95,7 +95,7 @@ void linear(T* y, const T* x, const T* weight, const T* bias, int32_t M, int32_t
   prepare_x(xf, x, M, K, kp, group);
 
   const LinearArgs a{y, xf.data(), kp, weight, bias, bf16, M, N, K};
-  int nt = num_threads > 0 ? num_threads : omp_get_max_threads();
+  int nt = cpu::resolve_threads(num_threads);
   if (static_cast<int64_t>(N) * K < kMinParallelElems) nt = 1;
   cpu::split_columns(N, nt, kColumnGrain, [&](int32_t n0, int32_t n1) { rows(a, n0, n1); });
 }

@@ -3,7 +3,7 @@
 // steps in flight; M >= 2: tiles of x rows by weight rows, the weights read once), with 8-wide
 // vectors. AVX2 has no byte-masked loads: a row's last partial step goes through a zero-padded
 // copy on the stack.
-#include <omp.h>
+#include "parallel.h"
 
 #include <algorithm>
 #include <cstdint>

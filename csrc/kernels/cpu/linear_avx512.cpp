@@ -5,7 +5,7 @@
 // strictly in order (what the hardware prefetchers follow best), several steps in flight in
 // independent accumulators; M >= 2 computes tiles of up to 4 x rows by 4 weight rows, so each
 // weight row is read from memory once whatever M is.
-#include <omp.h>
+#include "parallel.h"
 
 #include <algorithm>
 #include <cstdint>

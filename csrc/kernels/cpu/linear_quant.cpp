@@ -1,7 +1,7 @@
 // linear_quant: see pyengine/cpu_quant.h. The front end: argument checks, x quantized to 8-bit
 // blocks once (shared by all threads), each thread taking a contiguous range of output columns
 // (weight rows); the compute code is the active level's (linear_quant_<level>.cpp).
-#include <omp.h>
+#include "parallel.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -63,7 +63,7 @@ void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M,
   if (ldy < N) fail("ldy: must be >= N = " + std::to_string(N) + ", got " + std::to_string(ldy));
   (void)cpu_isa();  // throws here, before any thread starts, if PYENGINE_CPU_ISA is invalid
 
-  const int nt_max = num_threads > 0 ? num_threads : omp_get_max_threads();
+  const int nt_max = cpu::resolve_threads(num_threads);
   // x -> 8-bit blocks once; reused across calls by the calling thread.
   static thread_local std::vector<uint8_t> xq;
   const int32_t act = cpu::act_block_elems(type);
@@ -71,9 +71,9 @@ void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M,
   xq.resize(static_cast<size_t>(M * xrow));
   uint8_t* xqp = xq.data();
   if (M >= 16) {
-#pragma omp parallel num_threads(nt_max)
+PYENGINE_OMP(parallel num_threads(nt_max))
     {
-      const int t = omp_get_thread_num(), T = omp_get_num_threads();
+      const int t = cpu::thread_id(), T = cpu::team_size();
       PYENGINE_ISA_CALL(quantize_activations, x, ldx, static_cast<int32_t>(static_cast<int64_t>(M) * t / T),
                         static_cast<int32_t>(static_cast<int64_t>(M) * (t + 1) / T), K, act, xqp, xrow);
     }

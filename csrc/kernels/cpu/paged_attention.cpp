@@ -1,6 +1,6 @@
 // paged_attention front end: argument validation, work planning (query tiles x KV heads, split-K
 // for long contexts with few work items), scratch allocation and run-time ISA dispatch.
-#include <omp.h>
+#include "parallel.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -111,7 +111,7 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
   const int32_t group = num_heads / num_kv_heads;
   const int32_t tile_tokens = std::max<int32_t>(1, target_rows(head_dim) / group);
   const int32_t max_rows = tile_tokens * group;
-  int32_t nt = num_threads > 0 ? num_threads : omp_get_max_threads();
+  int32_t nt = cpu::resolve_threads(num_threads);
   if (nt < 1) nt = 1;
 
   Scratch& sc = scratch();

@@ -4,7 +4,7 @@
 // including its rounding (nearest_int: ties to even; Q8_0 uses roundf: ties away from zero),
 // so that a model quantized here matches one quantized by llama-quantize. Compiled with
 // -ffp-contract=off: every multiply and add rounds on its own, on every CPU.
-#include <omp.h>
+#include "parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -436,8 +436,8 @@ void quantize_rows(QuantType type, const float* src, void* dst, int64_t rows, in
   if (rows < 0) fail("rows: must be >= 0, got " + std::to_string(rows));
   if (rows > 0 && (src == nullptr || dst == nullptr)) fail("src/dst: must not be null");
   const int64_t nb = K / quant_format(type).block_elems;
-  const int nt = num_threads > 0 ? num_threads : omp_get_max_threads();
-#pragma omp parallel for num_threads(nt) schedule(static) if (rows * K >= (1 << 16))
+  [[maybe_unused]] const int nt = cpu::resolve_threads(num_threads);  // read by the pragma only
+PYENGINE_OMP(parallel for num_threads(nt) schedule(static) if (rows * K >= (1 << 16)))
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = src + r * K;
     uint8_t* y = static_cast<uint8_t*>(dst) + r * row_bytes;
@@ -448,6 +448,7 @@ void quantize_rows(QuantType type, const float* src, void* dst, int64_t rows, in
       case QuantType::kQ4_Z: quantize_q4_z(x, reinterpret_cast<BlockQ4_Z*>(y), nb); break;
       case QuantType::kQ4_K: quantize_q4_k(x, reinterpret_cast<BlockQ4_K*>(y), nb); break;
       case QuantType::kQ6_K: quantize_q6_k(x, reinterpret_cast<BlockQ6_K*>(y), nb); break;
+      default: break;  // the interleaved layouts were rejected above
     }
   }
 }

@@ -1,7 +1,7 @@
 // apply_token_bitmask: see pyengine/token_bitmask.h.
 #include "pyengine/token_bitmask.h"
 
-#include <omp.h>
+#include "parallel.h"
 
 #include <cstdint>
 #include <limits>
@@ -40,7 +40,8 @@ void apply_token_bitmask(float* logits, int64_t logits_stride, const int32_t* bi
   constexpr int64_t kChunk = 128;
   const int64_t chunks_per_row = (words + kChunk - 1) / kChunk;
   const int64_t items = static_cast<int64_t>(num_rows) * chunks_per_row;
-#pragma omp parallel for num_threads(num_threads > 0 ? num_threads : 1) schedule(static) if (items >= 32)
+  (void)num_threads;  // read by the OpenMP pragma only
+PYENGINE_OMP(parallel for num_threads(num_threads > 0 ? num_threads : 1) schedule(static) if (items >= 32))
   for (int64_t item = 0; item < items; ++item) {
     const int64_t row = item / chunks_per_row, first = (item % chunks_per_row) * kChunk;
     const int64_t last = first + kChunk < words ? first + kChunk : words;
