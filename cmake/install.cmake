@@ -33,8 +33,9 @@ install(TARGETS ${_pe_export_targets} EXPORT pyengineTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-# The public headers only (csrc/include/pyengine/*.h); the private ones stay next to their sources.
-install(DIRECTORY csrc/include/pyengine DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
+# The public headers only (csrc/include/pyengine/*.h, and embed.hpp: header-only, needs pybind11);
+# the private ones stay next to their sources.
+install(DIRECTORY csrc/include/pyengine DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp")
 
 set(_pe_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/pyengine)
 install(EXPORT pyengineTargets NAMESPACE pyengine:: DESTINATION ${_pe_cmake_dir})

@@ -90,3 +90,34 @@ def test_core_reports_the_cpu_features_and_model_as_proc_cpuinfo_does():
              "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"]
     assert flags == [f for f in known if f in info["flags"].split()]
     assert _core._cpu_model_name() == info["model name"]
+
+
+def test_cpu_info_needs_no_proc(monkeypatch):
+    """Where /proc is absent (macOS, some containers) cpu_info() reports the same flags and model:
+    they come from the C++ core's detection, not from /proc/cpuinfo."""
+    import builtins
+
+    from pyengine.layers import cpu_features
+
+    cpu_features.cpu_flags.cache_clear()
+    cpu_features.cpu_model.cache_clear()
+    expected = cpu_features.cpu_info()
+    real_open = builtins.open
+
+    def no_proc(path, *args, **kwargs):
+        if str(path).startswith("/proc"):
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", no_proc)
+    cpu_features.cpu_flags.cache_clear()
+    cpu_features.cpu_model.cache_clear()
+    try:
+        info = cpu_features.cpu_info()
+    finally:
+        cpu_features.cpu_flags.cache_clear()
+        cpu_features.cpu_model.cache_clear()
+    assert info == expected
+    if os.uname().machine == "x86_64":
+        assert info.model == _core._cpu_model_name() != ""
+        assert ("avx2" in info.flags) == ("avx2" in info.supported)

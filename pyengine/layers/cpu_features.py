@@ -13,7 +13,7 @@ import pyengine.core._core as _core
 #: Instruction-set levels of the CPU kernels, lowest first per architecture.
 CPU_ISA_LEVELS: tuple[str, ...] = ("generic", "avx2", "avx512", "neon")
 
-# /proc/cpuinfo flags worth reporting with a figure.
+# CPU feature flags worth reporting with a figure (named as /proc/cpuinfo names them).
 _REPORTED_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
                    "amx_bf16", "asimd", "asimdhp", "bf16", "i8mm", "sve")
 
@@ -29,14 +29,9 @@ FAST_FP32_MAX_ROWS = 16
 
 @functools.lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    """The CPU features the kernels care about, named as /proc/cpuinfo names them, from the C++
+    core's own detection (cpuid/xgetbv on x86-64, HWCAP on aarch64 Linux): no /proc needed."""
+    return frozenset(_core._cpu_feature_flags())
 
 
 def native_bf16_matmul() -> bool:
@@ -51,7 +46,11 @@ def native_bf16_matmul() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (the machine type where there is none)."""
+    """The CPU's model name: the C++ core's (the cpuid brand string on x86-64); where the CPU does
+    not say (aarch64), /proc/cpuinfo's CPU part where there is one, else the machine type."""
+    name = _core._cpu_model_name()
+    if name:
+        return name
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -1,17 +1,20 @@
 # cmake -DPREFIX=<install prefix> -DSOURCE_DIR=<repo> -P check_installed_headers.cmake
-# The installed headers must be exactly the public ones (csrc/include/pyengine/*.h): no private
+# The installed headers must be exactly the public ones (csrc/include/pyengine/*.h and *.hpp): no private
 # header (batch_manager/request.h, kernels/cpu/*.h, ...) may reach an installed tree.
 cmake_minimum_required(VERSION 3.24)
-file(GLOB _public RELATIVE "${SOURCE_DIR}/csrc/include" "${SOURCE_DIR}/csrc/include/pyengine/*.h")
+file(GLOB _public RELATIVE "${SOURCE_DIR}/csrc/include" "${SOURCE_DIR}/csrc/include/pyengine/*.h"
+     "${SOURCE_DIR}/csrc/include/pyengine/*.hpp")
 file(GLOB_RECURSE _installed RELATIVE "${PREFIX}/include" "${PREFIX}/include/*")
 list(SORT _public)
 list(SORT _installed)
 if(NOT _public STREQUAL _installed)
   message(FATAL_ERROR "installed headers differ from the public ones:\n  installed: ${_installed}\n  public:    ${_public}")
 endif()
-if(NOT "pyengine/c_api.h" IN_LIST _installed)
-  message(FATAL_ERROR "pyengine/c_api.h is not installed")
-endif()
+foreach(_header pyengine/c_api.h pyengine/embed.hpp)
+  if(NOT _header IN_LIST _installed)
+    message(FATAL_ERROR "${_header} is not installed")
+  endif()
+endforeach()
 foreach(_lib libpyengine_core.a libpyengine_core.so)
   file(GLOB _found "${PREFIX}/lib*/${_lib}")
   if(NOT _found)
