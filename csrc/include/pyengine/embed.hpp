@@ -54,7 +54,7 @@
 #endif
 
 namespace pyengine {
-namespace PYENGINE_EMBED_HIDDEN embed {
+namespace embed PYENGINE_EMBED_HIDDEN {
 
 // A Python exception (or a broken rule of this API) as a C++ exception.
 class Error : public std::runtime_error {
