@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     turn = prefix + [rng.randrange(3, SMOLLM_VOCAB) for _ in range(32)]
     model_dir = smollm_checkpoint()
     info = machine_info()
-    print(f"KV persistence — {prefix_len}-token prefix, next turn +32 tokens; {args.dtype}; {info['cpu']}, {info['date']}")
+    print(f"KV persistence — {prefix_len}-token prefix, next turn +32 tokens; {args.dtype}; "
+          f"{info['cpu']}, {info['date']}")
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         results = []
         for i in range(runs):

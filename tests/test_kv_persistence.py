@@ -174,6 +174,25 @@ def test_load_from_at_start_up(llama_dir, saved, tmp_path):
         make_engine(llama_dir, tokens_per_block=16, load_from=path)
 
 
+def run_salted(engine: Engine, prompt: list[int], salt: str | None) -> tuple[list[int], int]:
+    engine.add_request(prompt, PARAMS, cache_salt=salt)
+    done = []
+    while engine.has_unfinished_requests():
+        done += [o for o in engine.step() if o.finished]
+    return done[0].token_ids, done[0].metrics.num_reused_tokens
+
+
+def test_a_salted_chain_is_reused_with_its_salt_only(llama_dir, tmp_path):
+    path = tmp_path / "salted.pekv"
+    first = make_engine(llama_dir)
+    tokens, _ = run_salted(first, FIRST[0], "alice")
+    first.save_kv_cache(path)
+    engine = make_engine(llama_dir)
+    assert engine.load_kv_cache(path)["blocks_loaded"] == first.stats()["num_reusable_blocks"]
+    assert run_salted(engine, FIRST[0], None)[1] == 0
+    assert run_salted(engine, FIRST[0], "alice") == (tokens, 40)
+
+
 def test_save_and_load_need_an_idle_engine(llama_dir, saved, tmp_path):
     engine = make_engine(llama_dir)
     engine.add_request(FIRST[0], PARAMS)

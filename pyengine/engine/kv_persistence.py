@@ -72,7 +72,8 @@ def model_identity(model: str | os.PathLike) -> dict[str, str]:
     p = Path(model)
     if p.is_file():
         return {p.name: _file_identity(p)}
-    files = sorted(f for f in p.iterdir() if f.is_file() and (f.name == "config.json" or f.suffix in (".safetensors", ".gguf")))
+    files = sorted(f for f in p.iterdir()
+                   if f.is_file() and (f.name == "config.json" or f.suffix in (".safetensors", ".gguf")))
     return {f.name: _file_identity(f) for f in files}
 
 
@@ -182,7 +183,8 @@ def _read_header(f: BinaryIO, path: str, fp: dict[str, Any], block_bytes: int) -
     return int(header["num_records"])
 
 
-def _scan(f: BinaryIO, path: str, fp: dict[str, Any], tpb: int, block_bytes: int) -> list[tuple[int, int, list[int], int]]:
+def _scan(f: BinaryIO, path: str, fp: dict[str, Any], tpb: int,
+          block_bytes: int) -> list[tuple[int, int, list[int], int]]:
     """The first pass: every check, no pool access. Returns (key, parent, tokens, data offset)."""
     n = _read_header(f, path, fp, block_bytes)
     meta_size = _KEYS.size + 4 * tpb
