@@ -71,6 +71,8 @@ class KvCacheConfig:
             raise ValueError(f"max_memory_bytes must be a positive int or None, got {self.max_memory_bytes!r}")
         if self.dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"KV cache dtype must be one of {KV_CACHE_DTYPES}, got {self.dtype!r}")
+        if self.load_from is not None and not isinstance(self.load_from, (str, os.PathLike)):
+            raise TypeError(f"load_from must be a path or None, got {self.load_from!r}")
         for name in ("k_scale", "v_scale"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v > 0 and v != float("inf")):

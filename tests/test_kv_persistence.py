@@ -172,6 +172,8 @@ def test_load_from_at_start_up(llama_dir, saved, tmp_path):
     assert run(engine, [FOLLOW_UPS[0]]) == ([warm_tokens[0]], [warm_reused[0]])
     with pytest.raises(StartupError, match="phase 'executor'.*fingerprint mismatch in 'tokens_per_block'"):
         make_engine(llama_dir, tokens_per_block=16, load_from=path)
+    with pytest.raises(TypeError, match="load_from must be a path or None, got 3"):
+        KvCacheConfig(load_from=3)
 
 
 def run_salted(engine: Engine, prompt: list[int], salt: str | None) -> tuple[list[int], int]:
