@@ -15,10 +15,11 @@ import torch  # noqa: F401  (isort: skip)
 
 from pyengine.config import KvCacheConfig, SchedulerConfig
 from pyengine.engine import Engine, StartupError
+from pyengine.engine.kv_persistence import KvCacheFileError
 from pyengine.engine.outputs import RequestMetrics, RequestOutput
 from pyengine.layers.cpu_features import CpuInfo, cpu_info
 from pyengine.sampling import GuidedDecodingParams, SamplingParams
 
 __all__ = ["Engine", "KvCacheConfig", "SchedulerConfig", "SamplingParams", "GuidedDecodingParams", "RequestOutput", "RequestMetrics",
-           "StartupError", "CpuInfo", "cpu_info"]
+           "StartupError", "KvCacheFileError", "CpuInfo", "cpu_info"]
 __version__ = "0.1.0"

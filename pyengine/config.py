@@ -3,6 +3,7 @@ when it is made (values that depend on the model, such as max_seq_len, are check
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -41,6 +42,8 @@ class KvCacheConfig:
         (stored = value / scale).
     enable_block_reuse: requests sharing a prefix share its full KV blocks (prefix caching);
         freed blocks stay reusable until their memory is needed (least recently used first).
+    load_from: a file written by Engine.save_kv_cache, loaded at start-up once the KV pool
+        exists (as Engine.load_kv_cache does; a bad file fails the "executor" phase).
     """
 
     tokens_per_block: int = 16
@@ -51,6 +54,7 @@ class KvCacheConfig:
     enable_block_reuse: bool = True
     k_scale: float = 1.0
     v_scale: float = 1.0
+    load_from: str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens_per_block, int) or self.tokens_per_block < 1:
@@ -67,6 +71,8 @@ class KvCacheConfig:
             raise ValueError(f"max_memory_bytes must be a positive int or None, got {self.max_memory_bytes!r}")
         if self.dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"KV cache dtype must be one of {KV_CACHE_DTYPES}, got {self.dtype!r}")
+        if self.load_from is not None and not isinstance(self.load_from, (str, os.PathLike)):
+            raise TypeError(f"load_from must be a path or None, got {self.load_from!r}")
         for name in ("k_scale", "v_scale"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v > 0 and v != float("inf")):

@@ -547,6 +547,17 @@ std::vector<BlockId> BatchManager::block_table(RequestId id) const { return impl
 
 int64_t BatchManager::total_reused_tokens() const { return impl_->kv_resource_->total_reused_tokens(); }
 int64_t BatchManager::num_reuse_hits() const { return impl_->kv_resource_->num_reuse_hits(); }
+std::vector<CachedBlockRecord> BatchManager::export_cached_blocks() const {
+  if (has_unfinished()) throw std::logic_error("export_cached_blocks: requests are in flight; the engine must be idle");
+  return impl_->kv_.export_cached();
+}
+
+std::vector<BlockId> BatchManager::import_cached_blocks(const std::vector<CachedBlockRecord>& records) {
+  if (has_unfinished()) throw std::logic_error("import_cached_blocks: requests are in flight; the engine must be idle");
+  impl_->commit_transaction();  // idle: the last step holds nothing a rollback could restore
+  return impl_->kv_.import_cached(records);
+}
+
 int32_t BatchManager::num_blocks() const { return impl_->kv_.num_blocks(); }
 int32_t BatchManager::num_free_blocks() const { return impl_->kv_.num_free_blocks(); }
 int32_t BatchManager::num_reusable_blocks() const { return impl_->kv_.num_reusable_blocks(); }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <unordered_set>
 
 namespace pyengine {
 namespace {
@@ -202,6 +203,55 @@ void KvCacheManager::cache_blocks(RequestId id, const std::vector<uint64_t>& key
     blk.tokens.assign(first, first + tokens_per_block_);
     cached_.emplace(keys[i], table[i]);
   }
+}
+
+std::vector<CachedBlockRecord> KvCacheManager::export_cached() const {
+  std::vector<CachedBlockRecord> out;
+  for (BlockId b = free_tail_; b >= 0; b = blocks_[b].prev) {
+    const Block& blk = blocks_[b];
+    if (blk.cached) out.push_back({b, blk.key, blk.parent, blk.tokens});
+  }
+  return out;
+}
+
+std::vector<BlockId> KvCacheManager::import_cached(const std::vector<CachedBlockRecord>& records) {
+  if (journaling_) throw std::logic_error("import_cached inside a transaction");
+  if (!enable_reuse_) throw std::invalid_argument("import_cached: prefix reuse is disabled");
+  // Validate everything first: a bad record changes nothing.
+  std::unordered_set<uint64_t> keys;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const CachedBlockRecord& r = records[i];
+    const std::string name = "import_cached: record " + std::to_string(i);
+    if (static_cast<int32_t>(r.tokens.size()) != tokens_per_block_)
+      throw std::invalid_argument(name + " has " + std::to_string(r.tokens.size()) + " tokens, expected " +
+                                  std::to_string(tokens_per_block_));
+    if (block_key(r.parent, r.tokens.data(), tokens_per_block_) != r.key)
+      throw std::invalid_argument(name + ": its key is not the chained key of its parent and tokens");
+    if (!keys.insert(r.key).second) throw std::invalid_argument(name + " repeats an earlier record's key");
+  }
+  // Free blocks with no reusable content, in free queue order.
+  std::vector<BlockId> empty;
+  for (BlockId b = free_head_; b >= 0; b = blocks_[b].next)
+    if (!blocks_[b].cached) empty.push_back(b);
+  std::vector<BlockId> got(records.size(), -1);
+  size_t next = 0;
+  for (size_t i = 0; i < records.size() && next < empty.size(); ++i) {
+    const CachedBlockRecord& r = records[i];
+    if (cached_.count(r.key)) continue;
+    if (keys.count(r.parent) && !cached_.count(r.parent)) continue;  // its parent record was not placed
+    const BlockId b = empty[next++];
+    unlink_free(b);  // relinked at the tail below, once cached
+    Block& blk = blocks_[b];
+    blk.cached = true;
+    blk.key = r.key;
+    blk.parent = r.parent;
+    blk.tokens = r.tokens;
+    cached_.emplace(r.key, b);
+    got[i] = b;
+  }
+  for (auto it = got.rbegin(); it != got.rend(); ++it)
+    if (*it >= 0) push_free_back(*it);
+  return got;
 }
 
 void KvCacheManager::add_sequence(RequestId id) {

@@ -65,6 +65,20 @@ class KvCacheManager {
                     uint64_t root, int32_t num_full_blocks);
   bool is_cached(uint64_t key) const { return cached_.count(key) != 0; }
 
+  // Persistence. export_cached(): the free blocks that hold a reusable key, most recently
+  // freed first (the free queue read from its tail); blocks a sequence holds are left out.
+  std::vector<CachedBlockRecord> export_cached() const;
+  // import_cached(): puts records (most recent first) into free blocks that hold no
+  // reusable content, as reusable cached blocks; it never evicts cached content. Returns the
+  // block each record got, -1 for a record skipped: its key is cached already, no such free
+  // block is left, or its parent is another record's key that was not placed (a chain is
+  // never loaded without its head). The placed blocks go to the free queue's tail, the first
+  // record last (it is the most recently used). Throws std::invalid_argument, changing
+  // nothing, if reuse is disabled, a record has the wrong number of tokens, a key is not
+  // block_key(parent, tokens), or two records share a key; std::logic_error inside a
+  // transaction. `block` of the input records is ignored.
+  std::vector<BlockId> import_cached(const std::vector<CachedBlockRecord>& records);
+
   bool has_sequence(RequestId id) const { return tables_.count(id) != 0; }
   int32_t num_blocks_of(RequestId id) const;
   // Blocks only this sequence holds: what removing it returns to the free queue.

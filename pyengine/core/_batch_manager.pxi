@@ -35,6 +35,13 @@ cdef extern from "pyengine/types.h" namespace "pyengine":
         kStopString
 
 
+cdef extern from "pyengine/types.h" namespace "pyengine":
+    cdef cppclass CachedBlockRecord:
+        int32_t block
+        uint64_t key
+        uint64_t parent
+        vector[int32_t] tokens
+
 cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
     cdef cppclass BatchManagerConfig:
         int32_t max_batch_size
@@ -112,6 +119,8 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         cbool contains(int64_t)
         RequestInfo request_info(int64_t) except +
         vector[int32_t] block_table(int64_t) except +
+        vector[CachedBlockRecord] export_cached_blocks() except +
+        vector[int32_t] import_cached_blocks(const vector[CachedBlockRecord]&) except +
         int64_t total_reused_tokens()
         int64_t num_reuse_hits()
         int32_t num_blocks()
@@ -327,6 +336,25 @@ cdef class CoreBatchManager:
     def block_table(self, int64_t request_id) -> list:
         """The request's KV block ids; raises RuntimeError if it holds no block table."""
         return list(self.bm.block_table(request_id))
+
+    def export_cached_blocks(self) -> list:
+        """The reusable prefix-cache blocks, most recently used first: (block, key, parent,
+        tokens) tuples. Raises RuntimeError unless idle."""
+        cdef vector[CachedBlockRecord] rs = self.bm.export_cached_blocks()
+        return [(r.block, r.key, r.parent, list(r.tokens)) for r in rs]
+
+    def import_cached_blocks(self, records) -> list:
+        """Puts (key, parent, tokens) records back as reusable blocks, most recent first, as
+        many as fit; returns the block each got (-1: skipped). Raises ValueError (changing
+        nothing) for a malformed record, RuntimeError unless idle."""
+        cdef vector[CachedBlockRecord] rs
+        cdef CachedBlockRecord r
+        for key, parent, tokens in records:
+            r.key = key
+            r.parent = parent
+            r.tokens = tokens
+            rs.push_back(r)
+        return list(self.bm.import_cached_blocks(rs))
 
     def contains(self, int64_t request_id) -> bool:
         return self.bm.contains(request_id)

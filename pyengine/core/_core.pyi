@@ -2,7 +2,7 @@
 # beside it), so that editors and type checkers see its API. Addresses are ints (tensor.data_ptr()).
 
 import enum
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 class QueuePolicy(enum.IntEnum):
     kFcfs = 0
@@ -79,6 +79,8 @@ class CoreBatchManager:
     def num_blocks(self) -> int: ...
     @property
     def num_free_blocks(self) -> int: ...
+    def export_cached_blocks(self) -> list[tuple[int, int, int, list[int]]]: ...
+    def import_cached_blocks(self, records: Iterable[tuple[int, int, Sequence[int]]]) -> list[int]: ...
     @property
     def num_reusable_blocks(self) -> int: ...
     @property

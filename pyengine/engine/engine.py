@@ -17,7 +17,8 @@ from pyengine.engine.chat import ChatOptions, Message, is_conversation
 from pyengine.engine.one_thread import OneThreadGuard, one_thread
 from pyengine.engine.outputs import RequestOutput
 from pyengine.engine.requests import Prompt, RequestId, RequestTable
-from pyengine.engine.startup import StartupError, start_engine
+from pyengine.engine import kv_persistence
+from pyengine.engine.startup import StartupError, kv_fingerprint, start_engine
 from pyengine.engine.step_loop import StepLoop
 from pyengine.engine.stream import RequestStream
 from pyengine.layers.cpu_features import cpu_info
@@ -302,6 +303,27 @@ class Engine:
                 "num_reusable_blocks": bm.num_reusable_blocks, "num_slots": bm.num_slots,
                 "num_free_slots": bm.num_free_slots, "total_reused_tokens": bm.total_reused_tokens,
                 "num_reuse_hits": bm.num_reuse_hits}
+
+    @one_thread
+    def save_kv_cache(self, path: str | Path) -> dict[str, Any]:
+        """Writes the reusable prefix-cache blocks (keys, tokens, K/V in the pool's dtype) and
+        this engine's fingerprint to `path`, atomically (docs/kv_persistence.md). The engine
+        must be idle (RuntimeError otherwise). Returns {"blocks", "bytes", "seconds"}."""
+        self._check_open()
+        return kv_persistence.save(path, self._bm, self._runner.kv_pool, kv_fingerprint(self._parts),
+                                   busy=self._loop.has_work())
+
+    @one_thread
+    def load_kv_cache(self, path: str | Path) -> dict[str, Any]:
+        """Puts the blocks of a save_kv_cache file back into the pool as reusable cached
+        blocks, most recent first, as many as fit in free blocks holding no cached content.
+        Raises pyengine.KvCacheFileError (a ValueError), with the pool unchanged, for another
+        model or configuration (the differing fingerprint field), another format version, or a
+        truncated or corrupt file; RuntimeError unless idle. Returns {"blocks_loaded",
+        "blocks_skipped", "bytes", "seconds"}."""
+        self._check_open()
+        return kv_persistence.load(path, self._bm, self._runner.kv_pool, kv_fingerprint(self._parts),
+                                   busy=self._loop.has_work())
 
     def startup_report(self) -> dict[str, Any]:
         """The start-up phases with their seconds, the KV capacity figures, the sequence slots,

@@ -27,6 +27,7 @@ from pyengine import gguf
 from pyengine.config import EngineConfig
 from pyengine.core import CoreBatchManager
 from pyengine.dtypes import KV_CACHE_DTYPES
+from pyengine.engine import kv_persistence
 from pyengine.engine.generation_config import GenerationDefaults, generation_defaults
 from pyengine.engine.requests import load_tokenizer
 from pyengine.layers.cpu_features import cpu_info
@@ -80,6 +81,7 @@ class EngineParts:
     prequantized: PrequantizedSpec | None = None  # an AWQ / GPTQ checkpoint's quantization_config
     gguf_header: gguf.GGUFHeader | None = None  # a GGUF file's tensor table, until the weights are read
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)  # eos ids, sampling defaults
+    kv_loaded: dict[str, Any] | None = None  # KvCacheConfig.load_from's load_kv_cache report
 
 
 @contextlib.contextmanager
@@ -133,7 +135,20 @@ def _run_phases(engine_args: dict[str, Any]) -> EngineParts:
             except BaseException:
                 parts.runner.close()
                 raise
+        if parts.config.kv_cache_config.load_from is not None:
+            try:
+                parts.kv_loaded = kv_persistence.load(parts.config.kv_cache_config.load_from, parts.bm,
+                                                      parts.runner.kv_pool, kv_fingerprint(parts))
+            except BaseException:
+                parts.runner.close()
+                raise
     return parts
+
+
+def kv_fingerprint(parts: EngineParts) -> dict[str, Any]:
+    """The facts a saved KV cache must share with this engine (pyengine/engine/kv_persistence.py)."""
+    pool = parts.runner.kv_pool
+    return kv_persistence.fingerprint(parts.config, parts.kv_dtype, tuple(pool.shape[:2]) + tuple(pool.shape[3:]))
 
 
 def _load_model(parts: EngineParts) -> Any:

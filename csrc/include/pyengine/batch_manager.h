@@ -189,6 +189,17 @@ class BatchManager {
   int64_t total_reused_tokens() const;
   // Returns how many block tables took any blocks from the prefix cache, over all steps.
   int64_t num_reuse_hits() const;
+  // KV cache persistence (docs/kv_persistence.md). Returns the reusable prefix-cache blocks,
+  // most recently used first (block id, key, parent key, tokens). Throws std::logic_error
+  // while any request is known (queued, running or not retired).
+  std::vector<CachedBlockRecord> export_cached_blocks() const;
+  // Puts exported records back into free blocks as reusable prefix-cache blocks, most
+  // recent first, as many as fit; returns the block each record got (-1: skipped -- already
+  // cached, no room, or its parent record was skipped). The caller copies the K/V data into
+  // those blocks. Throws std::logic_error while any request is known; std::invalid_argument
+  // (changing nothing) for a malformed record (wrong token count, a key that is not the
+  // chained key of its parent and tokens, a repeated key) or with prefix reuse disabled.
+  std::vector<BlockId> import_cached_blocks(const std::vector<CachedBlockRecord>& records);
   // Returns the size of the KV pool, in blocks (config().num_blocks).
   int32_t num_blocks() const;
   // Returns the number of KV blocks no request holds (some of them still reusable).

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace pyengine {
 
@@ -51,6 +52,16 @@ enum class FinishReason : int32_t {
   kLength = 3,     // reached max_new_tokens ("length")
   kAbort = 4,      // aborted by the caller ("abort")
   kStopString = 5, // the caller found a stop string in the text ("stop")
+};
+
+// One reusable block of the prefix cache, as exported for persistence and imported back:
+// its chained key, the key before it in the chain (the root key for a chain's first block)
+// and its tokens (tokens_per_block of them). `block`: the pool block that holds its K/V.
+struct CachedBlockRecord {
+  BlockId block = -1;
+  uint64_t key = 0;
+  uint64_t parent = 0;
+  std::vector<TokenId> tokens;
 };
 
 }  // namespace pyengine
