@@ -2,12 +2,7 @@
 # and, with PYENGINE_BUILD_TESTS, its ctests (tests/cpp/embed.cmake).
 # PYENGINE_EMBED = AUTO (build them when pybind11 and Python's embedding library are found),
 # ON (require them), OFF. Nothing here links the C++ core: embed.hpp drives the Python package.
-set(PYENGINE_EMBED AUTO CACHE STRING "Build the embedded-engine example and tests: AUTO, ON or OFF")
-set_property(CACHE PYENGINE_EMBED PROPERTY STRINGS AUTO ON OFF)
-string(TOUPPER "${PYENGINE_EMBED}" _pe_embed)
-if(NOT _pe_embed MATCHES "^(AUTO|ON|OFF)$")
-  message(FATAL_ERROR "PYENGINE_EMBED must be AUTO, ON or OFF (got '${PYENGINE_EMBED}')")
-endif()
+pyengine_tristate_option(PYENGINE_EMBED "Build the embedded-engine example and tests" _pe_embed)
 
 set(_pe_embed_build OFF)
 if(PYENGINE_SANITIZE AND NOT _pe_embed STREQUAL "OFF")
