@@ -1,6 +1,8 @@
-"""Which linear-layer path a bf16 model on a CPU without bf16 instructions takes: the
-pyengine kernel (pyengine.layers.linear.linear_bf16) for fewer than EMULATED_BF16_MIN_ROWS (65)
-rows, the tied lm_head included; fp32 GEMMs from there on."""
+"""Which linear-layer path a bf16 model on the CPU takes. Without bf16 instructions: the pyengine
+kernel (pyengine.layers.linear.linear_bf16) for fewer than EMULATED_BF16_MIN_ROWS (65) rows, the
+tied lm_head included; fp32 GEMMs from there on. With them (AVX512-BF16/AMX): the kernel up to
+NATIVE_BF16_KERNEL_MAX_ROWS rows (decode, where it streams the weights faster than torch's bf16
+GEMM), torch's bf16 GEMM above."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import torch
 
 import pyengine.layers.linear as linear_layer
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
-from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS
+from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS, NATIVE_BF16_KERNEL_MAX_ROWS
 from pyengine.layers.linear import MAX_ROWS
 
 
@@ -50,3 +52,40 @@ def test_decode_linears_and_tied_lm_head_use_the_kernel(checkpoint_factory, monk
     assert model.embed.data_ptr() in used  # the lm_head is the embedding table
     assert any(bias for _, addr, bias in calls if addr == layer["qkv"].data_ptr())
     assert all(t.dtype == torch.bfloat16 for t in (layer["qkv"], model.embed))
+
+
+def test_with_bf16_instructions_the_kernel_takes_decode_batches_only(checkpoint_factory, monkeypatch):
+    monkeypatch.setenv("PYENGINE_BF16_MATMUL", "native")  # as on a CPU with AVX512-BF16 or AMX
+    model_dir = checkpoint_factory("qwen2_tied", model_type="qwen2", num_heads=4, num_kv_heads=1,
+                                   tie_word_embeddings=True)
+    kernel_rows: list[int] = []
+    torch_rows: list[int] = []
+
+    def spy_kernel(x, w, b=None, out=None):
+        kernel_rows.append(x.shape[0])
+        return real_kernel(x, w, b, out)
+
+    def spy_torch(x, w, b=None):
+        torch_rows.append(x.shape[0])
+        return real_torch(x, w, b)
+
+    real_kernel, real_torch = linear_layer.linear_bf16, linear_layer.F.linear
+    monkeypatch.setattr(linear_layer, "linear_bf16", spy_kernel)
+    monkeypatch.setattr(linear_layer.F, "linear", spy_torch)
+    engine = Engine(model_dir, dtype="bfloat16", max_seq_len=128,
+                    kv_cache_config=KvCacheConfig(max_tokens=512),
+                    scheduler_config=SchedulerConfig(max_batch_size=8, max_num_tokens=128))
+    model = engine._runner.model
+    assert not model.emulate_bf16 and model.bf16_kernel_max_rows == NATIVE_BF16_KERNEL_MAX_ROWS
+    assert engine._runner.cpu_decode is not None
+    assert engine._runner.cpu_decode.max_rows == NATIVE_BF16_KERNEL_MAX_ROWS
+    engine._runner.cpu_decode = None  # the Python forward's routing
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    # prefill: 6 + 7 rows (torch); decode: 2 rows (the kernel)
+    out = engine.generate([list(range(1, 7)), list(range(5, 12))], params, use_tqdm=False)
+    assert [len(r.token_ids) for r in out] == [3, 3]
+    # six requests: decode batches of 6 rows (torch)
+    out = engine.generate([[i + 1, i + 2] for i in range(6)], params, use_tqdm=False)
+    assert [len(r.token_ids) for r in out] == [3] * 6
+    assert 2 in kernel_rows and all(1 <= rows <= NATIVE_BF16_KERNEL_MAX_ROWS for rows in kernel_rows)
+    assert {13, 6, 12} <= set(torch_rows) and all(rows > NATIVE_BF16_KERNEL_MAX_ROWS for rows in torch_rows)

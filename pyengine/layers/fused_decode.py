@@ -14,7 +14,7 @@ import operator
 import torch
 
 import pyengine.core._core as _core
-from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS, FAST_FP32_MAX_ROWS
+from pyengine.layers.cpu_features import FAST_FP32_MAX_ROWS
 from pyengine.layers._kernel_checks import check_softcap, dtype_code
 from pyengine.quant import QuantizedWeight
 
@@ -88,7 +88,7 @@ class CpuDecodeLayers:
         if self.quantized:
             self.max_rows = _core.LINEAR_MAX_ROWS
         else:
-            self.max_rows = EMULATED_BF16_MIN_ROWS - 1 if model.dtype == torch.bfloat16 else FAST_FP32_MAX_ROWS
+            self.max_rows = model.bf16_kernel_max_rows if model.dtype == torch.bfloat16 else FAST_FP32_MAX_ROWS
         self.scratch = torch.empty(self.shape.scratch_elements(self.max_rows), dtype=model.dtype)
         self.cos, self.sin = model.cos, model.sin
 

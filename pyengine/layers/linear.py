@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import pyengine.core._core as _core
-from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS, FAST_FP32_MAX_ROWS
+from pyengine.layers.cpu_features import FAST_FP32_MAX_ROWS
 from pyengine.quant import QuantizedWeight
 
 __all__ = ["dense", "linear_bf16", "linear_f32", "MAX_ROWS"]
@@ -86,21 +86,21 @@ def linear_f32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 def dense(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
-          emulate_bf16: bool = False, fast_fp32: bool = False) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``. With `emulate_bf16` (bf16 weights on a CPU without bf16
-    instructions, where torch's bf16 GEMM is emulated and slow) the same rounding comes from
-    faster paths: for batches of several rows, an fp32 matmul on the bf16 values (products exact,
-    fp32 accumulation, the output rounded to bf16); for fewer rows (decode batches),
-    `linear_bf16`, which streams the weights at memory speed. With `fast_fp32` (fp32 weights on the CPU), batches of
-    at most FAST_FP32_MAX_ROWS rows go through `linear_f32` (the same sums in another order).
-    A QuantizedWeight computes in fp32 (x quantized to 8 bits per block on the fly) at any row
-    count; the result is returned in x's dtype."""
+          emulate_bf16: bool = False, fast_fp32: bool = False, bf16_kernel_max_rows: int = 0) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``. bf16 weights on the CPU: batches of 1 to
+    `bf16_kernel_max_rows` rows go through `linear_bf16` (fp32 accumulation of the exact products,
+    the output rounded to bf16), which streams the weights at memory speed; with `emulate_bf16`
+    (a CPU without bf16 instructions, where torch's bf16 GEMM is emulated and slow) larger batches
+    take an fp32 matmul on the bf16 values (the same rounding). With `fast_fp32` (fp32 weights on
+    the CPU), batches of at most FAST_FP32_MAX_ROWS rows go through `linear_f32` (the same sums in
+    another order). A QuantizedWeight computes in fp32 (x quantized to 8 bits per block on the
+    fly) at any row count; the result is returned in x's dtype."""
     if isinstance(weight, QuantizedWeight):
         return weight.linear(x, bias).to(x.dtype)
     if fast_fp32 and 0 < x.shape[0] <= FAST_FP32_MAX_ROWS:
         return linear_f32(x.contiguous(), weight, bias)
-    if emulate_bf16 and x.shape[0] >= EMULATED_BF16_MIN_ROWS:
-        return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(torch.bfloat16)
-    if emulate_bf16 and x.shape[0] > 0:  # 1 .. EMULATED_BF16_MIN_ROWS - 1 rows
+    if 0 < x.shape[0] <= bf16_kernel_max_rows:
         return linear_bf16(x.contiguous(), weight, bias)
+    if emulate_bf16 and x.shape[0] > 0:
+        return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(torch.bfloat16)
     return F.linear(x, weight, bias)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from pyengine.layers import attention
 from pyengine.layers import elementwise as cpu_elementwise
 from pyengine.layers import fused_decode as cpu_decode
-from pyengine.layers.cpu_features import native_bf16_matmul
+from pyengine.layers.cpu_features import bf16_kernel_max_rows, native_bf16_matmul
 from pyengine.layers.linear import dense
 from pyengine.layers.norm import add_rms_norm, rms_norm
 from pyengine.layers.rotary import apply_rotary, rope_tables
@@ -131,8 +131,12 @@ class LlamaFamilyModel:
         self.scale = (c.query_pre_attn_scalar if c.query_pre_attn_scalar is not None else c.head_dim) ** -0.5
         self.rotary_dim = c.rotary_dim
         self._init_rope(max_seq_len)
-        # Without bf16 instructions, torch's bf16 GEMM is emulated and slow (see layers.linear.dense).
-        self.emulate_bf16 = dtype == torch.bfloat16 and weights_on_cpu(self.embed) and not native_bf16_matmul()
+        # bf16 on the CPU (see layers.linear.dense): small batches take pyengine's linear_bf16 (and
+        # the one-call decode path); without bf16 instructions torch's bf16 GEMM is emulated and
+        # slow, so larger batches multiply in fp32 on the bf16 values.
+        cpu_bf16 = dtype == torch.bfloat16 and weights_on_cpu(self.embed)
+        self.emulate_bf16 = cpu_bf16 and not native_bf16_matmul()
+        self.bf16_kernel_max_rows = bf16_kernel_max_rows() if cpu_bf16 else 0
         # torch's fp32 GEMV streams the weights at a fraction of the memory bandwidth: small fp32
         # batches on the CPU take pyengine's linear_f32 (the same sums in another order), unless
         # exact_fp32 asks for torch's (and transformers') rounding.
@@ -268,7 +272,7 @@ class LlamaFamilyModel:
         return F.embedding(input_ids, self.embed)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        return dense(x, w, b, self.emulate_bf16, self.fast_fp32)
+        return dense(x, w, b, self.emulate_bf16, self.fast_fp32, self.bf16_kernel_max_rows)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """The family's RMSNorm (torch form)."""

@@ -99,12 +99,12 @@ class ModelRunner:
         self.decode_pad_sizes: list[int] = []
         self.graphs = None  # pyengine.runtime.cuda_graphs.DecodeGraphs once captured
         self._registered: list[int] = []
-        # Where the model's small-batch linears are pyengine's kernels (bf16 weights on a CPU
-        # without bf16 matmul; fp32 unless exact_fp32), all layers of a small batch run in one C++
-        # call, bound to this KV pool -- where that kernel computes the model's layers
+        # Where the model's small-batch linears are pyengine's kernels (bf16 weights on the CPU;
+        # fp32 unless exact_fp32; quantized), all layers of a small batch run in one C++ call,
+        # bound to this KV pool -- where that kernel computes the model's layers
         # (model.fused_cpu_decode_ok: Llama-shaped layers; not Gemma's, nor partial or LongRoPE).
         self.cpu_decode = None
-        if (model.emulate_bf16 or model.fast_fp32 or model.quantized) and model.fused_cpu_decode_ok:
+        if (model.bf16_kernel_max_rows or model.fast_fp32 or model.quantized) and model.fused_cpu_decode_ok:
             self.cpu_decode = CpuDecodeLayers(model, self.kv_caches, bm.max_blocks_per_seq)
         if self.is_cuda:
             self._init_cuda(c)
