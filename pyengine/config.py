@@ -4,7 +4,8 @@ when it is made (values that depend on the model, such as max_seq_len, are check
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Sequence
 
@@ -81,6 +82,37 @@ class KvCacheConfig:
                 raise ValueError(f"{name}={v!r} applies to a float8_e4m3 cache only (dtype is {self.dtype!r})")
 
 
+@dataclass(frozen=True)
+class StepCostModel:
+    """Milliseconds of a step: fixed_ms + per_seq_ms * sequences + per_token_ms * tokens +
+    per_kpair_ms * attention pairs / 1000. Every coefficient is a finite number >= 0."""
+
+    fixed_ms: float = 0.0
+    per_seq_ms: float = 0.0
+    per_token_ms: float = 0.0
+    per_kpair_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise ValueError(f"StepCostModel.{f.name} must be a finite number >= 0, got {value!r}")
+
+    def predict_ms(self, seqs: int, tokens: int, pairs: int) -> float:
+        return self.fixed_ms + self.per_seq_ms * seqs + self.per_token_ms * tokens + self.per_kpair_ms * pairs * 1e-3
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: float(getattr(self, f.name)) for f in fields(self)}
+
+
+def check_budget_ms(value: object, name: str = "budget_ms") -> float:
+    """A step's time budget: a positive finite number of milliseconds; ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of milliseconds, got {value!r}")
+    return float(value)
+
+
 @dataclass
 class SchedulerConfig:
     """Scheduling limits and policies.
@@ -95,6 +127,11 @@ class SchedulerConfig:
     queue_policy: "fcfs" (arrival order) or "priority" (higher `priority` of add_request
         first, arrival order among equals; under max_utilization the lowest-priority running
         request is the one paused).
+    step_budget_ms: a time budget for every step (None: none); `Engine.step(budget_ms=...)`
+        overrides it for one call. Prefill chunks are cut so that the step's predicted time
+        fits; decode rows always run (docs/step_budget.md).
+    step_cost_model: the model that predicts a step's time. None (default): fitted at start-up
+        and corrected from every measured step. A StepCostModel: used as given, never refitted.
     """
 
     max_batch_size: int = 64
@@ -102,8 +139,14 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     capacity_scheduler_policy: str = "guaranteed_no_evict"
     queue_policy: str = "fcfs"
+    step_budget_ms: float | None = None
+    step_cost_model: StepCostModel | None = None
 
     def __post_init__(self) -> None:
+        if self.step_budget_ms is not None:
+            check_budget_ms(self.step_budget_ms, "step_budget_ms")
+        if self.step_cost_model is not None and not isinstance(self.step_cost_model, StepCostModel):
+            raise ValueError(f"step_cost_model must be a StepCostModel or None, got {self.step_cost_model!r}")
         if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be a positive int, got {self.max_batch_size!r}")
         if not isinstance(self.max_num_tokens, int) or self.max_num_tokens < 1:

@@ -1,6 +1,7 @@
 #include "pyengine/batch_manager.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <iterator>
 #include <stdexcept>
@@ -44,7 +45,7 @@ struct BatchManager::Impl {
                    double now, float priority, uint64_t cache_salt, bool reuse_prefix);
   bool abort_request(RequestId id);
   bool remove_waiting(RequestId id);
-  const ForwardMetadata& schedule(double now);
+  const ForwardMetadata& schedule(double now, const StepBudget* budget);
   void update(const TokenId* tokens, int32_t num_tokens, double now);
   bool finish_request(RequestId id, FinishReason reason, double now);
   void free_finished();
@@ -100,6 +101,7 @@ struct BatchManager::Impl {
 
   ForwardMetadata meta_;
   StepEvents events_;
+  StepCostModel step_cost_;  // for schedule(now, budget_ms)
 };
 
 BatchManager::Impl::Impl(const BatchManagerConfig& config)
@@ -314,7 +316,7 @@ bool BatchManager::Impl::rollback() {
   return true;
 }
 
-const ForwardMetadata& BatchManager::Impl::schedule(double now) {
+const ForwardMetadata& BatchManager::Impl::schedule(double now, const StepBudget* budget) {
   // A finished request left in the active list would be scheduled as a context chunk of
   // negative length (and widen the token budget past the metadata buffers).
   for (const Request* r : active_)
@@ -354,7 +356,7 @@ const ForwardMetadata& BatchManager::Impl::schedule(double now) {
     }
     fault_point("schedule.admitted");
 
-    batch_ = micro_batch_.schedule(active_, kv_);
+    batch_ = micro_batch_.schedule(active_, kv_, budget);
     for (Request* r : batch_)
       if (r->seq_slot < 0) events_.assigned.push_back(r->id);
     resources_.prepare(batch_);
@@ -502,7 +504,29 @@ void BatchManager::add_request(RequestId id, const TokenId* prompt, int32_t prom
 }
 bool BatchManager::abort_request(RequestId id) { return impl_->abort_request(id); }
 bool BatchManager::remove_waiting(RequestId id) { return impl_->remove_waiting(id); }
-const ForwardMetadata& BatchManager::schedule(double now) { return impl_->schedule(now); }
+const ForwardMetadata& BatchManager::schedule(double now) { return impl_->schedule(now, nullptr); }
+
+const ForwardMetadata& BatchManager::schedule(double now, double budget_ms) {
+  if (!(std::isfinite(budget_ms) && budget_ms > 0.0))
+    throw std::invalid_argument("the step's time budget must be a positive number of milliseconds, got " +
+                                std::to_string(budget_ms));
+  const StepBudget budget{impl_->step_cost_, budget_ms};
+  return impl_->schedule(now, &budget);
+}
+
+void BatchManager::set_step_cost_model(const StepCostModel& model) {
+  const std::pair<const char*, double> coefficients[] = {{"fixed_ms", model.fixed_ms},
+                                                         {"per_seq_ms", model.per_seq_ms},
+                                                         {"per_token_ms", model.per_token_ms},
+                                                         {"per_kpair_ms", model.per_kpair_ms}};
+  for (const auto& [name, value] : coefficients)
+    if (!(std::isfinite(value) && value >= 0.0))
+      throw std::invalid_argument(std::string("step cost model: ") + name +
+                                  " must be a finite number >= 0, got " + std::to_string(value));
+  impl_->step_cost_ = model;
+}
+
+const StepCostModel& BatchManager::step_cost_model() const { return impl_->step_cost_; }
 void BatchManager::update(const TokenId* tokens, int32_t num_tokens, double now) {
   impl_->update(tokens, num_tokens, now);
 }

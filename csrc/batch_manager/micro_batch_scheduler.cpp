@@ -24,16 +24,57 @@ MicroBatchScheduler::MicroBatchScheduler(int32_t max_batch_size, int32_t max_num
                                 ") with chunked context");
 }
 
+namespace {
+
+// The batch's predicted time so far, against a step's time budget (none: everything fits).
+class TimeLedger {
+ public:
+  explicit TimeLedger(const StepBudget* budget) : budget_(budget) {}
+
+  void add(int64_t tokens, int64_t pairs) {
+    ++seqs_;
+    tokens_ += tokens;
+    pairs_ += pairs;
+  }
+  bool fits(int64_t tokens, int64_t pairs) const {
+    return budget_ == nullptr ||
+           budget_->model.cost_ms(seqs_ + 1, tokens_ + tokens, pairs_ + pairs) <= budget_->budget_ms;
+  }
+  // The longest chunk of a context request at `start` with `rest` tokens left, at most
+  // `max_tokens`, that fits: its whole rest, else a multiple of `unit` (0 if none fits).
+  int32_t longest_chunk(int32_t start, int32_t rest, int32_t max_tokens, int32_t unit, bool chunking) const {
+    if (rest <= max_tokens && fits(rest, chunk_attention_pairs(start, rest))) return rest;
+    if (!chunking) return 0;
+    int32_t lo = 0, hi = std::min(rest - 1, max_tokens) / unit;  // in units; lo always fits
+    while (lo < hi) {  // the cost grows with the chunk: the largest fitting count of units
+      const int32_t mid = (lo + hi + 1) / 2;
+      if (fits(int64_t{mid} * unit, chunk_attention_pairs(start, int64_t{mid} * unit)))
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    return lo * unit;
+  }
+
+ private:
+  const StepBudget* budget_;
+  int64_t seqs_ = 0, tokens_ = 0, pairs_ = 0;
+};
+
+}  // namespace
+
 std::vector<Request*> MicroBatchScheduler::schedule(const std::vector<Request*>& fitting,
-                                                   const KvCacheManager& kv) const {
+                                                   const KvCacheManager& kv, const StepBudget* time_budget) const {
   std::vector<Request*> batch;
   int32_t budget = max_num_tokens_;
+  TimeLedger ledger(time_budget);
   for (Request* r : fitting) {
     r->chunk_size = 0;
     if (!r->in_generation()) continue;
     if (static_cast<int32_t>(batch.size()) >= max_batch_size_ || budget < 1) break;
     r->chunk_size = 1;
     budget -= 1;
+    ledger.add(1, r->num_tokens());  // generation rows are not limited by the time budget
     batch.push_back(r);
   }
   const int32_t tpb = kv.tokens_per_block();
@@ -62,8 +103,15 @@ std::vector<Request*> MicroBatchScheduler::schedule(const std::vector<Request*>&
     } else {
       continue;  // does not fit this step's budget; a shorter one behind it may
     }
+    if (time_budget != nullptr) {
+      chunk = ledger.longest_chunk(start, rest, chunk, chunk_unit_, enable_chunked_context_);
+      if (chunk == 0 && batch.empty())  // progress: one unit (or the whole rest), whatever it costs
+        chunk = enable_chunked_context_ ? std::min(rest, chunk_unit_) : rest;
+      if (chunk == 0) continue;  // a shorter rest behind it may still fit
+    }
     r->chunk_size = chunk;
     budget -= chunk;
+    ledger.add(chunk, chunk_attention_pairs(start, chunk));
     batch.push_back(r);
     for (int32_t b = start / tpb; b < (start + chunk) / tpb && b < static_cast<int32_t>(r->block_keys.size()); ++b)
       in_flight.insert(r->block_keys[b]);

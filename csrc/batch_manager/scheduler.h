@@ -11,6 +11,7 @@
 #include "batch_manager/request.h"
 #include "batch_manager/waiting_queue.h"
 #include "kv_cache/kv_cache_manager.h"
+#include "pyengine/step_cost.h"
 
 namespace pyengine {
 
@@ -82,7 +83,14 @@ class MicroBatchScheduler {
   // block is being computed in this batch by a request ahead of it (prefix-aware
   // admission: it reuses the block next step instead of computing it twice).
   // Returns the batch, generation requests first.
-  std::vector<Request*> schedule(const std::vector<Request*>& fitting, const KvCacheManager& kv) const;
+  // With a `budget` (nullptr: none), context chunks are also cut so that the batch's
+  // predicted time (budget->model) stays within budget->budget_ms: generation rows keep
+  // priority (all of them are scheduled whatever they cost), context chunks fill what time
+  // remains, in whole chunk units except a request's last chunk. If the batch would
+  // otherwise be empty, the first context request gets one chunk unit (or its whole rest
+  // when chunking is off), so every step makes progress.
+  std::vector<Request*> schedule(const std::vector<Request*>& fitting, const KvCacheManager& kv,
+                                 const StepBudget* budget = nullptr) const;
 
  private:
   int32_t max_batch_size_;

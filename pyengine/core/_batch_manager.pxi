@@ -100,6 +100,11 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         FinishReason finish_reason
         int32_t stop_token
 
+cdef extern from "pyengine/step_cost.h" namespace "pyengine":
+    cdef cppclass StepCostModel:
+        double fixed_ms, per_seq_ms, per_token_ms, per_kpair_ms
+
+cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
     cdef cppclass BatchManager:
         BatchManager(const BatchManagerConfig&) except +
         void add_request(int64_t, const int32_t*, int32_t, int32_t, int32_t, const vector[int32_t]&,
@@ -107,6 +112,9 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         cbool abort_request(int64_t)
         cbool remove_waiting(int64_t)
         const ForwardMetadata& schedule(double) except +
+        const ForwardMetadata& schedule(double, double) except +
+        void set_step_cost_model(const StepCostModel&) except +
+        const StepCostModel& step_cost_model()
         void update(const int32_t*, int32_t, double) except +
         void free_finished() except +
         cbool rollback()
@@ -267,10 +275,31 @@ cdef class CoreBatchManager:
         """update() reading `num_tokens` int32 tokens at address `tokens_ptr` (a tensor's data_ptr())."""
         self.bm.update(<const int32_t*> tokens_ptr, num_tokens, now)
 
-    def schedule(self, double now):
-        """Runs the scheduling half of a step; returns (num_tokens, num_seqs, num_logits)."""
-        cdef const ForwardMetadata* m = &self.bm.schedule(now)
+    def schedule(self, double now, budget_ms=None):
+        """Runs the scheduling half of a step; returns (num_tokens, num_seqs, num_logits).
+        `budget_ms`: this step's time budget (context chunks cut to fit the step cost model's
+        prediction; see BatchManager::schedule in pyengine/batch_manager.h)."""
+        cdef const ForwardMetadata* m
+        if budget_ms is None:
+            m = &self.bm.schedule(now)
+        else:
+            m = &self.bm.schedule(now, <double> budget_ms)
         return m.num_tokens, m.num_seqs, m.num_logits
+
+    def set_step_cost_model(self, double fixed_ms, double per_seq_ms, double per_token_ms,
+                            double per_kpair_ms) -> None:
+        """The linear model of a step's time that schedule(now, budget_ms) cuts chunks by
+        (pyengine/step_cost.h): ms = fixed + per_seq * sequences + per_token * tokens
+        + per_kpair * attention pairs / 1000."""
+        cdef StepCostModel model
+        model.fixed_ms, model.per_seq_ms, model.per_token_ms, model.per_kpair_ms = (
+            fixed_ms, per_seq_ms, per_token_ms, per_kpair_ms)
+        self.bm.set_step_cost_model(model)
+
+    def step_cost_model(self) -> tuple:
+        """(fixed_ms, per_seq_ms, per_token_ms, per_kpair_ms) in force."""
+        cdef const StepCostModel* m = &self.bm.step_cost_model()
+        return m.fixed_ms, m.per_seq_ms, m.per_token_ms, m.per_kpair_ms
 
     def update(self, const int32_t[::1] tokens, double now):
         cdef const int32_t* ptr = &tokens[0] if tokens.shape[0] > 0 else NULL

@@ -12,13 +12,14 @@ from typing import Any, Sequence
 
 import torch
 
-from pyengine.config import KvCacheConfig, SchedulerConfig
+from pyengine.config import KvCacheConfig, SchedulerConfig, check_budget_ms
 from pyengine.engine.chat import ChatOptions, Message, is_conversation
 from pyengine.engine.one_thread import OneThreadGuard, one_thread
 from pyengine.engine.outputs import RequestOutput
 from pyengine.engine.requests import Prompt, RequestId, RequestTable
 from pyengine.engine import kv_persistence
 from pyengine.engine.startup import StartupError, kv_fingerprint, start_engine
+from pyengine.engine.step_cost import OnlineStepCost
 from pyengine.engine.step_loop import StepLoop
 from pyengine.engine.stream import RequestStream
 from pyengine.layers.cpu_features import cpu_info
@@ -108,7 +109,8 @@ class Engine:
         self._bm, self._runner, self._sampler = parts.bm, parts.runner, parts.sampler
         self._requests = RequestTable(parts.model_config, parts.tokenizer, parts.config.tokenizer or parts.config.model,
                                       parts.generation, parts.max_seq_len, parts.config.chat_template)
-        self._loop = StepLoop(self._bm, self._runner, self._sampler, self._requests, self.overlap)
+        online = OnlineStepCost(parts.step_cost) if parts.step_cost_calibrated else None
+        self._loop = StepLoop(self._bm, self._runner, self._sampler, self._requests, self.overlap, online)
         self._streams: dict[RequestId, deque[RequestOutput]] = {}  # open stream() iterators
         self._closed = False
         cap = parts.capacity
@@ -185,9 +187,16 @@ class Engine:
     # ---- the step -------------------------------------------------------------------------
 
     @one_thread
-    def step(self) -> list[RequestOutput]:
+    def step(self, budget_ms: float | None = None) -> list[RequestOutput]:
         """Runs one step (schedule, forward, sample, update, respond, free); returns the
         outputs of the requests that advanced or ended in it.
+
+        `budget_ms` (default: SchedulerConfig.step_budget_ms, None: no budget): a time budget
+        for this step. Every generation row runs; prompt chunks are cut (in whole KV blocks)
+        so that the step's time predicted by the step cost model fits; a step with nothing
+        else to do computes at least one block of the first prompt. Outputs do not depend on
+        the budget, only the step in which they arrive (docs/step_budget.md). ValueError for a
+        budget that is not a positive number of milliseconds, before anything changes.
 
         With overlap=True, step n's forward runs in a worker thread while step n-1's
         results are turned into outputs, and each call returns step n-1's outputs: the same
@@ -200,8 +209,9 @@ class Engine:
         continues. Aborts requested before the step take effect regardless, and
         outputs already produced (the previous step's, with overlap) come with the next step
         that succeeds."""
+        budget = self.scheduler_config.step_budget_ms if budget_ms is None else check_budget_ms(budget_ms)
         self._check_open()
-        outputs = self._loop.step()
+        outputs = self._loop.step(budget)
         if self._streams:
             for out in outputs:
                 queue = self._streams.get(out.request_id)
@@ -330,7 +340,8 @@ class Engine:
         max_seq_len, the device, the captured CUDA graph sizes, and on the CPU the kernels'
         instruction-set level (with why, and the levels the CPU has) and the largest batch that
         runs all decoder layers in one C++ call (0: none), and the generation defaults in force
-        (generation_config: the file read, the end-of-sequence ids, the sampling defaults)."""
+        (generation_config: the file read, the end-of-sequence ids, the sampling defaults), and the
+        step cost model of time-budgeted steps (step_cost_model())."""
         p = self._parts
         info = cpu_info()
         one_call = self._runner.cpu_decode
@@ -339,7 +350,20 @@ class Engine:
                 "device": str(self.device), "cuda_graph_batch_sizes": list(p.graph_sizes),
                 "cpu_kernels": {"isa": info.isa, "reason": info.reason, "supported": list(info.supported)},
                 "cpu_one_call_decode_max_rows": 0 if one_call is None else one_call.max_rows,
-                "generation_config": p.generation.as_dict()}
+                "generation_config": p.generation.as_dict(),
+                "step_cost_model": self.step_cost_model()}
+
+    def step_cost_model(self) -> dict[str, Any]:
+        """The step cost model of time-budgeted steps: its coefficients now (the start-up fit as
+        corrected by the steps measured since, unless SchedulerConfig.step_cost_model fixed
+        it), the start-up ones, where those came from ("calibrated" or "configured") and how
+        many steps corrected it."""
+        fixed_ms, per_seq_ms, per_token_ms, per_kpair_ms = self._bm.step_cost_model()
+        online = self._loop.step_cost
+        return {"fixed_ms": fixed_ms, "per_seq_ms": per_seq_ms, "per_token_ms": per_token_ms,
+                "per_kpair_ms": per_kpair_ms, "startup": self._parts.step_cost.as_dict(),
+                "source": "calibrated" if self._parts.step_cost_calibrated else "configured",
+                "steps_observed": 0 if online is None else online.steps}
 
     @one_thread
     def check_resources(self) -> None:

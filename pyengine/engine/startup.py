@@ -24,10 +24,10 @@ from typing import Any, Iterator
 import torch
 
 from pyengine import gguf
-from pyengine.config import EngineConfig
+from pyengine.config import EngineConfig, StepCostModel
 from pyengine.core import CoreBatchManager
 from pyengine.dtypes import KV_CACHE_DTYPES
-from pyengine.engine import kv_persistence
+from pyengine.engine import kv_persistence, step_cost
 from pyengine.engine.generation_config import GenerationDefaults, generation_defaults
 from pyengine.engine.requests import load_tokenizer
 from pyengine.layers.cpu_features import cpu_info
@@ -82,6 +82,8 @@ class EngineParts:
     gguf_header: gguf.GGUFHeader | None = None  # a GGUF file's tensor table, until the weights are read
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)  # eos ids, sampling defaults
     kv_loaded: dict[str, Any] | None = None  # KvCacheConfig.load_from's load_kv_cache report
+    step_cost: StepCostModel | None = None  # the start-up step cost model (time-budgeted steps)
+    step_cost_calibrated: bool = False  # fitted at start-up (else SchedulerConfig.step_cost_model)
 
 
 @contextlib.contextmanager
@@ -135,6 +137,11 @@ def _run_phases(engine_args: dict[str, Any]) -> EngineParts:
             except BaseException:
                 parts.runner.close()
                 raise
+        try:  # before a KV file is loaded: the dummy batches write into free blocks
+            _step_cost_model(parts)
+        except BaseException:
+            parts.runner.close()
+            raise
         if parts.config.kv_cache_config.load_from is not None:
             try:
                 parts.kv_loaded = kv_persistence.load(parts.config.kv_cache_config.load_from, parts.bm,
@@ -269,6 +276,21 @@ def _graph_sizes(cfg: EngineConfig, device: torch.device) -> list[int]:
     if sizes is None:
         sizes = [s for s in default_graph_batch_sizes(sc.max_batch_size) if s <= sc.max_num_tokens]
     return sizes
+
+
+def _step_cost_model(parts: EngineParts) -> None:
+    """The step cost model of time-budgeted steps: SchedulerConfig.step_cost_model as given, else
+    fitted from a few timed dummy batches through the engine's own batch manager and runner."""
+    sc, bm = parts.config.scheduler_config, parts.bm
+    if sc.step_cost_model is not None:
+        parts.step_cost = sc.step_cost_model
+    else:
+        shapes = step_cost.calibration_shapes(sc.max_batch_size, sc.max_num_tokens, parts.max_seq_len,
+                                              parts.config.kv_cache_config.tokens_per_block)
+        parts.step_cost = step_cost.calibrate(bm, parts.runner, shapes)
+        parts.step_cost_calibrated = True
+    m = parts.step_cost
+    bm.set_step_cost_model(m.fixed_ms, m.per_seq_ms, m.per_token_ms, m.per_kpair_ms)
 
 
 def _batch_manager(parts: EngineParts, num_blocks: int) -> CoreBatchManager:

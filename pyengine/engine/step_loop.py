@@ -35,6 +35,7 @@ from pyengine.core import CoreBatchManager, FinishReason
 from pyengine.engine.interrupts import InterruptGate
 from pyengine.engine.outputs import RequestOutput, RequestRecord, metrics_from_core
 from pyengine.engine.requests import RequestTable
+from pyengine.engine.step_cost import OnlineStepCost, batch_shape
 from pyengine.runtime.model_runner import Forwarded, ModelRunner
 from pyengine.sampling import SampleResult, Sampler
 from pyengine.sampling.logprobs import PromptRows, prompt_logprob_rows, record_prompt_logprobs
@@ -60,6 +61,7 @@ class Batch:
     num_logits: int
     events: dict
     prompt_rows: PromptRows | None = None
+    shape: tuple[int, int, int] = (0, 0, 0)  # (sequences, tokens, attention pairs): the cost model's
 
 
 class StepLoop:
@@ -67,8 +69,13 @@ class StepLoop:
     flight between two calls (overlap) and the outputs owed to the next call."""
 
     def __init__(self, bm: CoreBatchManager, runner: ModelRunner, sampler: Sampler, table: RequestTable,
-                 overlap: bool) -> None:
+                 overlap: bool, step_cost: OnlineStepCost | None = None) -> None:
         self.bm, self.runner, self.sampler, self.table = bm, runner, sampler, table
+        # corrected from every step's measured time and handed to the batch manager (None: the
+        # batch manager's model is fixed)
+        self.step_cost = step_cost
+        self._budget_ms: float | None = None  # this call's time budget (schedule reads it)
+        self._step_batch: Batch | None = None  # the batch this call forwarded (its time is measured)
         # overlap: one worker thread runs the forward while the caller's thread builds outputs
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyengine-forward") if overlap else None
         self._inflight: tuple[Batch, Forwarded, SampleResult] | None = None  # sampled, not yet updated
@@ -93,9 +100,11 @@ class StepLoop:
 
     # ---- the two loops --------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, budget_ms: float | None = None) -> list[RequestOutput]:
         # on a GPU, everything a step does on the device (sampler state, sampling, token copies)
         # goes on the execution stream, ordered after the forward
+        start = time.perf_counter()
+        self._budget_ms, self._step_batch = budget_ms, None
         gate = InterruptGate()  # Ctrl-C lands only in the forward/sampler windows, or after the step
         try:
             with self.runner.stream_context(), gate:
@@ -103,6 +112,8 @@ class StepLoop:
         except BaseException:
             gate.deliver()  # a Ctrl-C held back during a step that then failed is not lost
             raise
+        if self.step_cost is not None and self._step_batch is not None:
+            self._learn_step_cost(self._step_batch.shape, (time.perf_counter() - start) * 1e3)
         error, self._output_error = self._output_error, None
         if gate.held or error is not None:  # the step is complete: the next step delivers its outputs
             self._pending_outputs = outputs + self._pending_outputs
@@ -129,6 +140,7 @@ class StepLoop:
         outputs, self._pending_outputs = self._pending_outputs, []
         outputs += self._abort_outputs(batch.events)
         if result is not None:
+            self._step_batch = batch
             outputs += self._respond(self._update(batch, forwarded, result))
             self.bm.free_finished()
             self._account(t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
@@ -165,6 +177,7 @@ class StepLoop:
             self._pending_outputs = outputs + self._pending_outputs
             raise
         if result is not None:
+            self._step_batch = batch
             self._inflight = (batch, forwarded, result)
             self._account(t1 - t0, t3 - t2, time.perf_counter() - t3, t2 - t1)
         return outputs
@@ -179,9 +192,11 @@ class StepLoop:
         bm = self.bm
         events = None
         try:
-            num_tokens, num_seqs, num_logits = bm.schedule(time.monotonic())
+            num_tokens, num_seqs, num_logits = bm.schedule(time.monotonic(), self._budget_ms)
             events = bm.events()
             batch = Batch(num_tokens, num_seqs, num_logits, events)
+            if self.step_cost is not None and num_seqs:
+                batch.shape = batch_shape(self.runner.query_start_loc, self.runner.seq_lens, num_seqs)
             self._assign_sampler_rows(events)
             if num_seqs and self.table.num_owed_prompt_logprobs:
                 batch.prompt_rows = self._prompt_logprob_rows(num_seqs)
@@ -354,6 +369,12 @@ class StepLoop:
         return outputs
 
     # ---- timings --------------------------------------------------------------------------------
+
+    def _learn_step_cost(self, shape: tuple[int, int, int], ms: float) -> None:
+        """One measured step corrects the cost model; the batch manager takes the new fit."""
+        self.step_cost.observe(*shape, ms)
+        m = self.step_cost.model
+        self.bm.set_step_cost_model(m.fixed_ms, m.per_seq_ms, m.per_token_ms, m.per_kpair_ms)
 
     def _account(self, schedule: float, forward: float, sample: float, update: float) -> None:
         t = self._timings

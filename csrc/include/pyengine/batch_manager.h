@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "pyengine/step_cost.h"
 #include "pyengine/types.h"
 
 namespace pyengine {
@@ -136,6 +137,16 @@ class BatchManager {
   // aborts it dropped and the pauses it decided stand, and events() lists them (nothing in
   // `assigned`) -- so the caller releases what they held and reports the aborts.
   const ForwardMetadata& schedule(double now);
+  // As schedule(now), with a time budget for this step: context chunks are cut so that the
+  // batch's time predicted by step_cost_model() stays within `budget_ms` (generation rows
+  // keep priority; every step makes progress: see MicroBatchScheduler). Throws
+  // std::invalid_argument (changing nothing) for a budget that is not a positive finite
+  // number of milliseconds.
+  const ForwardMetadata& schedule(double now, double budget_ms);
+  // The model that predicts a batch's time for schedule(now, budget_ms). Throws
+  // std::invalid_argument (changing nothing) for a coefficient that is negative or not finite.
+  void set_step_cost_model(const StepCostModel& model);
+  const StepCostModel& step_cost_model() const;
   // `tokens`: one per logits row of the last schedule(). Throws std::invalid_argument if
   // `num_tokens` differs from the batch's logits rows. The token of a request the caller
   // ended after scheduling it (finish_request, with the overlap loop) is discarded: that row
