@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from pyengine.config import KvCacheConfig, SchedulerConfig, check_budget_ms
+from pyengine.config import KvCacheConfig, SchedulerConfig, StepCostModel, check_budget_ms
 from pyengine.engine.chat import ChatOptions, Message, is_conversation
 from pyengine.engine.one_thread import OneThreadGuard, one_thread
 from pyengine.engine.outputs import RequestOutput
@@ -356,12 +356,15 @@ class Engine:
     def step_cost_model(self) -> dict[str, Any]:
         """The step cost model of time-budgeted steps: its coefficients now (the start-up fit as
         corrected by the steps measured since, unless SchedulerConfig.step_cost_model fixed
-        it), the start-up ones, where those came from ("calibrated" or "configured") and how
-        many steps corrected it."""
-        fixed_ms, per_seq_ms, per_token_ms, per_kpair_ms = self._bm.step_cost_model()
+        it), the margin the scheduler multiplies its predictions by (the recent 90th percentile
+        of measured / predicted, at least 1), the start-up coefficients, where those came from
+        ("calibrated" or "configured") and how many steps corrected it."""
         online = self._loop.step_cost
-        return {"fixed_ms": fixed_ms, "per_seq_ms": per_seq_ms, "per_token_ms": per_token_ms,
-                "per_kpair_ms": per_kpair_ms, "startup": self._parts.step_cost.as_dict(),
+        if online is None:
+            fit, margin = StepCostModel(*self._bm.step_cost_model()), 1.0
+        else:
+            fit, margin = online.model, online.margin
+        return {**fit.as_dict(), "margin": margin, "startup": self._parts.step_cost.as_dict(),
                 "source": "calibrated" if self._parts.step_cost_calibrated else "configured",
                 "steps_observed": 0 if online is None else online.steps}
 

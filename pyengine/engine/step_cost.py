@@ -8,9 +8,10 @@ A step's duration is modelled as linear in what its batch holds:
 (`pairs`: each token attends to every position up to its own). The batch manager cuts context
 chunks so that the predicted time of the batch fits the budget (pyengine/step_cost.h). The
 coefficients are fitted at start-up from a few timed dummy batches (`calibrate`) and corrected
-from every step's measured time by recursive least squares with forgetting (`OnlineStepCost`),
-so the model follows what the machine actually does (other load, caches, larger batches than
-the calibration's).
+from every step's measured time by a forgetting least-squares fit anchored to the start-up one
+(`OnlineStepCost`), so the model follows what the machine actually does (other load, caches,
+larger batches than the calibration's); a margin from the recent prediction errors keeps
+overruns rare.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from dataclasses import astuple
 from typing import TYPE_CHECKING
 
@@ -49,50 +51,97 @@ def batch_shape(query_start_loc, seq_lens, num_seqs: int) -> tuple[int, int, int
     return num_seqs, int(q[-1] - q[0]), pairs
 
 
-def fit(rows: list[tuple[int, int, int]], times_ms: list[float]) -> StepCostModel:
-    """Least squares with every coefficient >= 0: a coefficient that comes out negative is
-    fixed at 0 and the rest refitted."""
-    x = np.array([features(*r) for r in rows])
-    y = np.array(times_ms)
-    free = list(range(x.shape[1]))
-    coef = np.zeros(x.shape[1])
+def _nonnegative_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin |a x - b| over x >= 0 (a: rows x coefficients) by dropping the most negative
+    coefficient and refitting the rest until none is negative (exact for the few, mostly
+    well-separated coefficients here)."""
+    free = list(range(a.shape[1]))
+    coef = np.zeros(a.shape[1])
     while free:
-        sol, *_ = np.linalg.lstsq(x[:, free], y, rcond=None)
+        sol, *_ = np.linalg.lstsq(a[:, free], b, rcond=None)
         if (sol >= 0).all():
             coef[free] = sol
             break
         free.pop(int(np.argmin(sol)))
+    return coef
+
+
+def fit(rows: list[tuple[int, int, int]], times_ms: list[float]) -> StepCostModel:
+    """Least squares with every coefficient >= 0: a coefficient that comes out negative is
+    fixed at 0 and the rest refitted."""
+    coef = _nonnegative_solve(np.array([features(*r) for r in rows]), np.array(times_ms))
     return StepCostModel(*(float(c) for c in coef))
 
 
-class OnlineStepCost:
-    """The cost model corrected from measured steps: recursive least squares on
-    (1, sequences, tokens, kpairs) -> ms, with forgetting factor `forgetting` (an observation's
-    weight halves after about 0.69 / (1 - forgetting) steps), starting from `prior` with the
-    confidence of `prior_weight` observations. `model` is the current fit with negative
-    coefficients clipped to 0 (what the batch manager takes)."""
+# Typical magnitudes of the regressors (1, sequences, tokens, kpairs): the prior counts as
+# `prior_weight` observations of this size along each coefficient.
+_REGRESSOR_SCALE = np.array([1.0, 16.0, 256.0, 1024.0])
 
-    def __init__(self, prior: StepCostModel, forgetting: float = 0.98, prior_weight: float = 4.0) -> None:
-        self.theta = np.array(astuple(prior), dtype=np.float64)
-        # P: the inverse information matrix. Each regressor's prior variance is scaled by its
-        # typical size squared (tokens run to thousands, kpairs to millions), so that no column
-        # moves on its own when the data do not excite it.
-        scale = np.array([1.0, 16.0, 256.0, 1024.0])
-        self.P = np.diag(1.0 / (prior_weight * scale ** 2))
+
+class OnlineStepCost:
+    """The cost model corrected from measured steps.
+
+    The fit: exponentially weighted least squares (an observation's weight halves after about
+    0.69 / (1 - forgetting) steps) anchored by a ridge term that does not decay, worth
+    `prior_weight` observations per coefficient. The anchor is the start-up model `prior` times
+    a speed factor (the least-squares ratio of measured times to the prior's predictions, with
+    the same forgetting): a machine that becomes uniformly slower or faster moves every
+    coefficient, not only the ones recent steps excite. The anchor keeps the fit sane where the
+    steps do not tell the coefficients apart: decode-only steps have as many tokens as
+    sequences, and plain recursive least squares with forgetting let such directions drift
+    without bound (it moved the whole fixed cost into the per-sequence one, which then
+    over-priced every prompt chunk). Negative coefficients are fixed at 0 and the rest refitted.
+
+    The margin: the scheduler is given the fit scaled by `margin`, the `quantile` of the last
+    `window` ratios measured / predicted (at least 1), so that steps overrun the budget about
+    as rarely as that quantile says, whatever the machine's noise (other processes, caches,
+    the allocator). `model` is the fit, `scheduled` what the batch manager takes.
+    """
+
+    def __init__(self, prior: StepCostModel, forgetting: float = 0.98, prior_weight: float = 4.0,
+                 quantile: float = 0.9, window: int = 100, min_ratios: int = 16) -> None:
+        self._theta0 = np.array(astuple(prior), dtype=np.float64)
+        self._ridge = np.diag(prior_weight * _REGRESSOR_SCALE ** 2)
+        self._xx = np.zeros((4, 4))
+        self._xy = np.zeros(4)
+        # the speed factor s: least squares of measured on the start-up model's predictions
+        self._pp = 0.0
+        self._py = 0.0
+        self.theta = self._theta0
         self.forgetting = forgetting
+        self.quantile, self.window, self.min_ratios = quantile, window, min_ratios
+        self._ratios: deque[float] = deque(maxlen=window)
+        self.margin = 1.0
         self.steps = 0
 
     def observe(self, seqs: int, tokens: int, pairs: int, ms: float) -> None:
         x = features(seqs, tokens, pairs)
-        px = self.P @ x
-        gain = px / (self.forgetting + x @ px)
-        self.theta = self.theta + gain * (ms - x @ self.theta)
-        self.P = (self.P - np.outer(gain, px)) / self.forgetting
+        predicted = float(x @ self.theta)
+        if predicted > 0:
+            self._ratios.append(ms / predicted)
+            if len(self._ratios) >= self.min_ratios:
+                self.margin = max(1.0, float(np.quantile(np.array(self._ratios), self.quantile)))
+        self._xx = self.forgetting * self._xx + np.outer(x, x)
+        self._xy = self.forgetting * self._xy + x * ms
+        prior_ms = float(x @ self._theta0)
+        self._pp = self.forgetting * self._pp + prior_ms * prior_ms
+        self._py = self.forgetting * self._py + prior_ms * ms
+        speed = self._py / self._pp if self._pp > 0 else 1.0
+        # the normal equations (ridge towards speed * prior, + data) as a least-squares system:
+        # a^T a = A, a^T b = c
+        a = np.linalg.cholesky(self._ridge + self._xx).T
+        c = self._ridge @ (speed * self._theta0) + self._xy
+        self.theta = _nonnegative_solve(a, np.linalg.solve(a.T, c))
         self.steps += 1
 
     @property
     def model(self) -> StepCostModel:
         return StepCostModel(*(max(0.0, float(c)) for c in self.theta))
+
+    @property
+    def scheduled(self) -> StepCostModel:
+        """The fit scaled by the margin: what the batch manager prices batches with."""
+        return StepCostModel(*(max(0.0, float(c)) * self.margin for c in self.theta))
 
 
 # ---- start-up calibration ----------------------------------------------------------------------

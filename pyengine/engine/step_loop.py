@@ -373,7 +373,7 @@ class StepLoop:
     def _learn_step_cost(self, shape: tuple[int, int, int], ms: float) -> None:
         """One measured step corrects the cost model; the batch manager takes the new fit."""
         self.step_cost.observe(*shape, ms)
-        m = self.step_cost.model
+        m = self.step_cost.scheduled
         self.bm.set_step_cost_model(m.fixed_ms, m.per_seq_ms, m.per_token_ms, m.per_kpair_ms)
 
     def _account(self, schedule: float, forward: float, sample: float, update: float) -> None:
