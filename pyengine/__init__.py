@@ -13,13 +13,13 @@
 # second runtime whose worker threads would compete with torch's (tests/test_openmp_runtime.py).
 import torch  # noqa: F401  (isort: skip)
 
-from pyengine.config import KvCacheConfig, SchedulerConfig, StepCostModel
+from pyengine.config import KvCacheConfig, SchedulerConfig, SpeculativeConfig, StepCostModel
 from pyengine.engine import Engine, StartupError
 from pyengine.engine.kv_persistence import KvCacheFileError
 from pyengine.engine.outputs import RequestMetrics, RequestOutput
 from pyengine.layers.cpu_features import CpuInfo, cpu_info
 from pyengine.sampling import GuidedDecodingParams, SamplingParams
 
-__all__ = ["Engine", "KvCacheConfig", "SchedulerConfig", "StepCostModel", "SamplingParams", "GuidedDecodingParams", "RequestOutput", "RequestMetrics",
+__all__ = ["Engine", "KvCacheConfig", "SchedulerConfig", "SpeculativeConfig", "StepCostModel", "SamplingParams", "GuidedDecodingParams", "RequestOutput", "RequestMetrics",
            "StartupError", "KvCacheFileError", "CpuInfo", "cpu_info"]
 __version__ = "0.1.0"

@@ -158,6 +158,40 @@ class SchedulerConfig:
             raise ValueError(f"queue_policy must be one of {QUEUE_POLICIES}, got {self.queue_policy!r}")
 
 
+SPECULATIVE_METHODS = ("ngram",)
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding (docs/speculative_decoding.md): each step of a generating request
+    also carries up to `num_speculative_tokens` draft tokens, which the same forward verifies;
+    the drafts that match what the model samples are accepted, so one forward can yield
+    several tokens. Greedy and seeded outputs are those of decoding without it.
+
+    method: "ngram" (prompt lookup: the tokens that followed the most recent earlier
+        occurrence of the request's last n tokens, n from prompt_lookup_max down to
+        prompt_lookup_min; no second model).
+    num_speculative_tokens: the most draft tokens a step of one request carries.
+    prompt_lookup_min, prompt_lookup_max: the n-gram sizes tried ("ngram").
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.prompt_lookup_max < self.prompt_lookup_min:
+            raise ValueError(f"prompt_lookup_max ({self.prompt_lookup_max}) must be at least prompt_lookup_min "
+                             f"({self.prompt_lookup_min})")
+
+
 @dataclass
 class EngineConfig:
     """Everything `Engine(...)` takes (see its docstring for each field)."""
@@ -178,6 +212,7 @@ class EngineConfig:
     tokenizer: str | Path | None = None
     generation_config: str | Path = "auto"
     chat_template: str | None = None
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         self.model = Path(self.model)
@@ -200,6 +235,14 @@ class EngineConfig:
             raise TypeError(f"kv_cache_config must be a KvCacheConfig, got {type(self.kv_cache_config).__name__}")
         if not isinstance(self.scheduler_config, SchedulerConfig):
             raise TypeError(f"scheduler_config must be a SchedulerConfig, got {type(self.scheduler_config).__name__}")
+        if self.speculative_config is not None:
+            if not isinstance(self.speculative_config, SpeculativeConfig):
+                raise TypeError(f"speculative_config must be a SpeculativeConfig or None, "
+                                f"got {type(self.speculative_config).__name__}")
+            k = self.speculative_config.num_speculative_tokens
+            if k >= self.scheduler_config.max_num_tokens:
+                raise ValueError(f"num_speculative_tokens ({k}) must be below max_num_tokens "
+                                 f"({self.scheduler_config.max_num_tokens})")
         self.dtype = model_dtype(self.dtype)
         if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int) or self.max_seq_len < 1):
             raise ValueError(f"max_seq_len must be a positive int or None, got {self.max_seq_len!r}")

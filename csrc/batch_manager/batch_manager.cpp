@@ -8,6 +8,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "batch_manager/ngram_proposer.h"
 #include "batch_manager/request.h"
 #include "batch_manager/resource_manager.h"
 #include "batch_manager/scheduler.h"
@@ -45,6 +46,8 @@ struct BatchManager::Impl {
                    double now, float priority, uint64_t cache_salt, bool reuse_prefix);
   bool abort_request(RequestId id);
   bool remove_waiting(RequestId id);
+  bool set_max_draft_tokens(RequestId id, int32_t n);
+  bool set_draft_tokens(RequestId id, const TokenId* tokens, int32_t n);
   const ForwardMetadata& schedule(double now, const StepBudget* budget);
   void update(const TokenId* tokens, int32_t num_tokens, double now);
   bool finish_request(RequestId id, FinishReason reason, double now);
@@ -81,6 +84,13 @@ struct BatchManager::Impl {
   int64_t saved_start_counter_ = 0;
   int64_t saved_reused_tokens_ = 0, saved_reuse_hits_ = 0;
   void fill_metadata(const std::vector<Request*>& batch);
+  // Speculative decoding: the drafts of every generating request for this step.
+  int32_t draft_limit(const Request& r) const;
+  void propose_drafts();
+  // update() for a generation row at logits row k (its drafts' rows follow); returns its rows.
+  int32_t update_generation(Request* r, const TokenId* tokens, int32_t k, double now);
+  void register_full_blocks(Request* r);
+  void emit(Request* r, int32_t row, TokenId token, bool done);
   void remove_active(Request* r);
 
   BatchManagerConfig config_;
@@ -98,6 +108,7 @@ struct BatchManager::Impl {
   std::vector<Request*> finished_;   // finished by the last update(), not yet freed
   int64_t start_counter_ = 0;
   bool abort_pending_ = false;
+  int64_t total_draft_tokens_ = 0, total_accepted_draft_tokens_ = 0;
 
   ForwardMetadata meta_;
   StepEvents events_;
@@ -114,6 +125,13 @@ BatchManager::Impl::Impl(const BatchManagerConfig& config)
       waiting_(config.queue_policy) {
   if (config.max_seq_len <= 0)
     throw std::invalid_argument("max_seq_len must be positive, got " + str(config.max_seq_len));
+  if (config.num_speculative_tokens < 0 || config.num_speculative_tokens >= config.max_num_tokens)
+    throw std::invalid_argument("num_speculative_tokens must be in [0, max_num_tokens=" + str(config.max_num_tokens) +
+                                "), got " + str(config.num_speculative_tokens));
+  if (config.prompt_lookup_min < 1 || config.prompt_lookup_max < config.prompt_lookup_min)
+    throw std::invalid_argument("prompt lookup n-gram sizes must satisfy 1 <= prompt_lookup_min <= "
+                                "prompt_lookup_max, got " + str(config.prompt_lookup_min) + " and " +
+                                str(config.prompt_lookup_max));
   resources_.add(std::make_unique<SeqSlotResourceManager>(slots_));
   auto kv_resource = std::make_unique<KvCacheResourceManager>(kv_, config.tokens_per_block);
   kv_resource_ = kv_resource.get();
@@ -129,9 +147,11 @@ BatchManager::Impl::Impl(const BatchManagerConfig& config)
   meta_.seq_slots.assign(B, 0);
   meta_.request_ids.assign(B, 0);
   meta_.block_tables.assign(B * meta_.max_blocks_per_seq, 0);
-  meta_.logits_indices.assign(B, 0);
-  meta_.logits_slots.assign(B, 0);
-  meta_.logits_request_ids.assign(B, 0);
+  const size_t L = std::max(T, B);  // logits rows: one per token of a generation row with drafts
+  meta_.logits_indices.assign(L, 0);
+  meta_.logits_slots.assign(L, 0);
+  meta_.logits_request_ids.assign(L, 0);
+  meta_.logits_offsets.assign(L, 0);
 }
 
 void BatchManager::Impl::add_request(RequestId id, const TokenId* prompt, int32_t prompt_len,
@@ -173,6 +193,7 @@ void BatchManager::Impl::add_request(RequestId id, const TokenId* prompt, int32_
   req->priority = priority;
   req->cache_root = KvCacheManager::root_key(cache_salt);
   req->reuse_prefix = reuse_prefix;
+  req->max_draft_tokens = config_.num_speculative_tokens;
   if (kv_.reuse_enabled()) req->update_block_keys(kv_.tokens_per_block());
   waiting_.push(req.get());
   requests_.emplace(id, std::move(req));
@@ -194,6 +215,50 @@ bool BatchManager::Impl::remove_waiting(RequestId id) {
   waiting_.erase(it->second.get());
   requests_.erase(it);
   return true;
+}
+
+bool BatchManager::Impl::set_max_draft_tokens(RequestId id, int32_t n) {
+  if (n < 0 || n > config_.num_speculative_tokens)
+    throw std::invalid_argument("max_draft_tokens must be in [0, num_speculative_tokens=" +
+                                str(config_.num_speculative_tokens) + "], got " + str(n));
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  it->second->max_draft_tokens = n;
+  return true;
+}
+
+bool BatchManager::Impl::set_draft_tokens(RequestId id, const TokenId* tokens, int32_t n) {
+  if (n < 0 || (n > 0 && tokens == nullptr)) throw std::invalid_argument("set_draft_tokens: no tokens");
+  if (config_.vocab_size > 0)
+    for (int32_t i = 0; i < n; ++i)
+      if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+        throw std::invalid_argument("draft token id " + str(tokens[i]) + " is outside the vocabulary [0, " +
+                                    str(config_.vocab_size) + ")");
+  auto it = requests_.find(id);
+  if (it == requests_.end() || !it->second->in_generation()) return false;
+  Request* r = it->second.get();
+  r->draft_tokens.assign(tokens, tokens + n);
+  r->drafts_from_caller = true;
+  return true;
+}
+
+int32_t BatchManager::Impl::draft_limit(const Request& r) const {
+  // never past max_new_tokens: the drafts and the token after them are all generated tokens
+  return std::max(0, std::min(r.max_draft_tokens, r.max_new_tokens - r.num_generated() - 1));
+}
+
+void BatchManager::Impl::propose_drafts() {
+  for (Request* r : active_) {
+    if (!r->in_generation()) continue;
+    const int32_t limit = draft_limit(*r);
+    if (!r->drafts_from_caller) {
+      r->draft_tokens.clear();
+      if (config_.ngram_drafts && limit > 0)
+        r->draft_tokens = propose_ngram(r->tokens, config_.prompt_lookup_min, config_.prompt_lookup_max, limit);
+    } else if (static_cast<int32_t>(r->draft_tokens.size()) > limit) {
+      r->draft_tokens.resize(static_cast<size_t>(limit));
+    }
+  }
 }
 
 const Request& BatchManager::Impl::request(RequestId id) const {
@@ -298,6 +363,7 @@ bool BatchManager::Impl::rollback() {
     r->start_order = it->start_order;
     r->first_scheduled_time = it->first_scheduled_time;
     r->planned_reuse_blocks = 0;
+    r->clear_drafts();
   }
   snapshots_.clear();
   events_.assigned.clear();  // nobody holds what the undone schedule assigned
@@ -312,7 +378,7 @@ bool BatchManager::Impl::rollback() {
   start_counter_ = saved_start_counter_;
   kv_resource_->restore_stats(saved_reused_tokens_, saved_reuse_hits_);
   batch_.clear();
-  meta_.num_tokens = meta_.num_seqs = meta_.num_generation_seqs = meta_.num_logits = 0;
+  meta_.num_tokens = meta_.num_seqs = meta_.num_generation_seqs = meta_.num_logits = meta_.num_draft_tokens = 0;
   return true;
 }
 
@@ -356,6 +422,7 @@ const ForwardMetadata& BatchManager::Impl::schedule(double now, const StepBudget
     }
     fault_point("schedule.admitted");
 
+    if (config_.num_speculative_tokens > 0) propose_drafts();
     batch_ = micro_batch_.schedule(active_, kv_, budget);
     for (Request* r : batch_)
       if (r->seq_slot < 0) events_.assigned.push_back(r->id);
@@ -376,28 +443,41 @@ const ForwardMetadata& BatchManager::Impl::schedule(double now, const StepBudget
 void BatchManager::Impl::fill_metadata(const std::vector<Request*>& batch) {
   const int32_t tpb = kv_.tokens_per_block();
   const int32_t mbps = meta_.max_blocks_per_seq;
-  int32_t nt = 0, nl = 0, ngen = 0;
+  int32_t nt = 0, nl = 0, ngen = 0, ndraft = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
     const Request* r = batch[s];
     const int32_t start = r->context_pos;
     const int32_t len = r->chunk_size;
     const std::vector<BlockId>& table = kv_.block_table(r->id);
     meta_.query_start_loc[s] = nt;
+    const bool generating = r->in_generation();
     for (int32_t j = 0; j < len; ++j, ++nt) {
       const int32_t pos = start + j;
-      meta_.input_ids[nt] = r->tokens[pos];
+      // a generation row: its last sampled token, then its drafts
+      meta_.input_ids[nt] = generating && j > 0 ? r->draft_tokens[static_cast<size_t>(j - 1)] : r->tokens[pos];
       meta_.positions[nt] = pos;
       meta_.slot_mapping[nt] = table[pos / tpb] * tpb + pos % tpb;
+      if (generating) {
+        meta_.logits_indices[nl] = nt;
+        meta_.logits_slots[nl] = r->seq_slot;
+        meta_.logits_request_ids[nl] = r->id;
+        meta_.logits_offsets[nl] = j;
+        ++nl;
+      }
     }
     meta_.seq_lens[s] = start + len;
     meta_.seq_slots[s] = r->seq_slot;
     meta_.request_ids[s] = r->id;
     std::copy(table.begin(), table.end(), meta_.block_tables.begin() + static_cast<std::ptrdiff_t>(s) * mbps);
-    if (r->in_generation()) ++ngen;
-    if (r->in_generation() || start + len == r->context_len) {
+    if (generating) {
+      ++ngen;
+      ndraft += len - 1;
+    }
+    if (!generating && start + len == r->context_len) {
       meta_.logits_indices[nl] = nt - 1;
       meta_.logits_slots[nl] = r->seq_slot;
       meta_.logits_request_ids[nl] = r->id;
+      meta_.logits_offsets[nl] = 0;
       ++nl;
     }
   }
@@ -405,6 +485,7 @@ void BatchManager::Impl::fill_metadata(const std::vector<Request*>& batch) {
   meta_.num_tokens = nt;
   meta_.num_seqs = static_cast<int32_t>(batch.size());
   meta_.num_generation_seqs = ngen;
+  meta_.num_draft_tokens = ndraft;
   meta_.num_logits = nl;
 }
 
@@ -415,33 +496,68 @@ void BatchManager::Impl::update(const TokenId* tokens, int32_t num_tokens, doubl
   commit_transaction();
   int32_t k = 0;
   for (Request* r : batch_) {
-    if (r->is_finished()) {  // ended by the caller after this batch was scheduled: discard its token
-      ++k;
+    if (r->is_finished()) {  // ended by the caller after this batch was scheduled (it was generating)
+      k += r->chunk_size;    // discard its tokens
+      r->clear_drafts();
+      continue;
+    }
+    if (r->in_generation()) {
+      k += update_generation(r, tokens, k, now);
       continue;
     }
     r->context_pos += r->chunk_size;
-    const int32_t full_blocks = r->context_pos / kv_.tokens_per_block();
-    if (kv_.reuse_enabled() && full_blocks > r->num_cached_blocks) {
-      r->update_block_keys(kv_.tokens_per_block());
-      kv_.cache_blocks(r->id, r->block_keys, r->tokens, r->cache_root, full_blocks);
-      r->num_cached_blocks = full_blocks;
-    }
-    if (r->in_context()) {
-      if (r->context_pos < r->context_len) continue;  // more chunks to go: no token yet
-      r->state = RequestState::kGenerationInProgress;
-    }
+    register_full_blocks(r);
+    if (r->context_pos < r->context_len) continue;  // more chunks to go: no token yet
+    r->state = RequestState::kGenerationInProgress;
     const int32_t row = k++;
-    const TokenId t = tokens[row];
-    const bool done = r->append_token(t, now);
-    if (kv_.reuse_enabled()) r->update_block_keys(kv_.tokens_per_block());
-    events_.output_request_ids.push_back(r->id);
-    events_.logits_rows.push_back(row);
-    events_.tokens.push_back(t);
-    events_.finished.push_back(done ? 1 : 0);
-    events_.finish_reasons.push_back(static_cast<int32_t>(r->finish_reason));
-    if (done) finished_.push_back(r);
+    emit(r, row, tokens[row], r->append_token(tokens[row], now));
   }
   batch_.clear();
+}
+
+int32_t BatchManager::Impl::update_generation(Request* r, const TokenId* tokens, int32_t k, double now) {
+  const int32_t rows = r->chunk_size;
+  const int32_t drafts = rows - 1;
+  // a draft is accepted while it equals the token sampled at the row before it
+  int32_t accepted = 0;
+  while (accepted < drafts && tokens[k + accepted] == r->draft_tokens[static_cast<size_t>(accepted)]) ++accepted;
+  int32_t emitted = 0;
+  bool done = false;
+  while (emitted <= accepted && !done) {
+    const TokenId t = tokens[k + emitted];
+    done = r->append_token(t, now);
+    emit(r, k + emitted, t, done);
+    ++emitted;
+  }
+  r->num_draft_tokens += drafts;
+  r->num_accepted_draft_tokens += accepted;
+  total_draft_tokens_ += drafts;
+  total_accepted_draft_tokens_ += accepted;
+  r->clear_drafts();
+  // the KV of the row's token and of the drafts emitted after it is valid; the rest is rewound
+  r->context_pos += emitted;
+  if (drafts > 0) kv_.truncate(r->id, r->context_pos);
+  register_full_blocks(r);
+  return rows;
+}
+
+void BatchManager::Impl::register_full_blocks(Request* r) {
+  const int32_t full_blocks = r->context_pos / kv_.tokens_per_block();
+  if (kv_.reuse_enabled() && full_blocks > r->num_cached_blocks) {
+    r->update_block_keys(kv_.tokens_per_block());
+    kv_.cache_blocks(r->id, r->block_keys, r->tokens, r->cache_root, full_blocks);
+    r->num_cached_blocks = full_blocks;
+  }
+}
+
+void BatchManager::Impl::emit(Request* r, int32_t row, TokenId token, bool done) {
+  if (kv_.reuse_enabled()) r->update_block_keys(kv_.tokens_per_block());
+  events_.output_request_ids.push_back(r->id);
+  events_.logits_rows.push_back(row);
+  events_.tokens.push_back(token);
+  events_.finished.push_back(done ? 1 : 0);
+  events_.finish_reasons.push_back(static_cast<int32_t>(r->finish_reason));
+  if (done) finished_.push_back(r);
 }
 
 bool BatchManager::Impl::finish_request(RequestId id, FinishReason reason, double now) {
@@ -504,6 +620,10 @@ void BatchManager::add_request(RequestId id, const TokenId* prompt, int32_t prom
 }
 bool BatchManager::abort_request(RequestId id) { return impl_->abort_request(id); }
 bool BatchManager::remove_waiting(RequestId id) { return impl_->remove_waiting(id); }
+bool BatchManager::set_max_draft_tokens(RequestId id, int32_t n) { return impl_->set_max_draft_tokens(id, n); }
+bool BatchManager::set_draft_tokens(RequestId id, const TokenId* tokens, int32_t n) {
+  return impl_->set_draft_tokens(id, tokens, n);
+}
 const ForwardMetadata& BatchManager::schedule(double now) { return impl_->schedule(now, nullptr); }
 
 const ForwardMetadata& BatchManager::schedule(double now, double budget_ms) {
@@ -564,6 +684,8 @@ RequestInfo BatchManager::request_info(RequestId id) const {
   info.finish_time = r.finish_time;
   info.finish_reason = r.finish_reason;
   info.stop_token = r.stop_token;
+  info.num_draft_tokens = r.num_draft_tokens;
+  info.num_accepted_draft_tokens = r.num_accepted_draft_tokens;
   return info;
 }
 
@@ -571,6 +693,8 @@ std::vector<BlockId> BatchManager::block_table(RequestId id) const { return impl
 
 int64_t BatchManager::total_reused_tokens() const { return impl_->kv_resource_->total_reused_tokens(); }
 int64_t BatchManager::num_reuse_hits() const { return impl_->kv_resource_->num_reuse_hits(); }
+int64_t BatchManager::total_draft_tokens() const { return impl_->total_draft_tokens_; }
+int64_t BatchManager::total_accepted_draft_tokens() const { return impl_->total_accepted_draft_tokens_; }
 std::vector<CachedBlockRecord> BatchManager::export_cached_blocks() const {
   if (has_unfinished()) throw std::logic_error("export_cached_blocks: requests are in flight; the engine must be idle");
   return impl_->kv_.export_cached();

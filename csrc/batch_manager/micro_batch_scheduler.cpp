@@ -36,6 +36,14 @@ class TimeLedger {
     tokens_ += tokens;
     pairs_ += pairs;
   }
+  // Tokens added to the sequences already counted (draft tokens of a generation row).
+  void extend(int64_t tokens, int64_t pairs) {
+    tokens_ += tokens;
+    pairs_ += pairs;
+  }
+  bool extension_fits(int64_t tokens, int64_t pairs) const {
+    return budget_ == nullptr || budget_->model.cost_ms(seqs_, tokens_ + tokens, pairs_ + pairs) <= budget_->budget_ms;
+  }
   bool fits(int64_t tokens, int64_t pairs) const {
     return budget_ == nullptr ||
            budget_->model.cost_ms(seqs_ + 1, tokens_ + tokens, pairs_ + pairs) <= budget_->budget_ms;
@@ -76,6 +84,18 @@ std::vector<Request*> MicroBatchScheduler::schedule(const std::vector<Request*>&
     budget -= 1;
     ledger.add(1, r->num_tokens());  // generation rows are not limited by the time budget
     batch.push_back(r);
+  }
+  // Draft tokens (speculative decoding) next: after every generation row has its token,
+  // before any context chunk; the most of each request's drafts that fit the token budget
+  // and the time budget (unlike the row's own token, drafts are optional).
+  for (Request* r : batch) {
+    int32_t d = std::min(static_cast<int32_t>(r->draft_tokens.size()), budget);
+    const int64_t one_row = chunk_attention_pairs(r->context_pos, 1);
+    while (d > 0 && !ledger.extension_fits(d, chunk_attention_pairs(r->context_pos, 1 + d) - one_row)) --d;
+    if (d == 0) continue;
+    r->chunk_size = 1 + d;
+    budget -= d;
+    ledger.extend(d, chunk_attention_pairs(r->context_pos, 1 + d) - one_row);
   }
   const int32_t tpb = kv.tokens_per_block();
   std::unordered_set<uint64_t> in_flight;  // keys of blocks this batch's context chunks complete

@@ -36,6 +36,7 @@ void Request::reset_for_recompute() {
   start_order = -1;
   num_cached_blocks = 0;
   planned_reuse_blocks = 0;
+  clear_drafts();
   ++num_pauses;
 }
 

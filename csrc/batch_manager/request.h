@@ -42,6 +42,16 @@ struct Request {
   int32_t planned_reuse_blocks = 0;  // set by the micro-batch scheduler for a new table
   int32_t num_reused_tokens = 0;
 
+  // Speculative decoding: the draft tokens this step verifies after the last sampled token
+  // (never part of `tokens`: their KV is rewound unless the forward accepts them), whether
+  // the caller set them (set_draft_tokens) rather than the n-gram proposer, the most a step
+  // may carry (0: the request does not speculate), and the counts over its life.
+  std::vector<TokenId> draft_tokens;
+  bool drafts_from_caller = false;
+  int32_t max_draft_tokens = 0;
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_draft_tokens = 0;
+
   double arrival_time;
   double first_scheduled_time = -1.0;
   double first_token_time = -1.0;
@@ -66,6 +76,10 @@ struct Request {
   // Puts a started request back to kWaiting to be recomputed from scratch with its
   // generated tokens appended to the prompt. Resources must have been freed already.
   void reset_for_recompute();
+  void clear_drafts() {
+    draft_tokens.clear();
+    drafts_from_caller = false;
+  }
   // Appends a sampled token and applies the stop conditions; returns true if it finished.
   bool append_token(TokenId token, double now);
   void finish(FinishReason reason, double now);

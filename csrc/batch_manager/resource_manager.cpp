@@ -34,7 +34,7 @@ void KvCacheResourceManager::prepare(std::vector<Request*>& batch) {
   for (Request* r : batch) {
     if (!r->in_generation()) continue;
     if (!kv_.has_sequence(r->id)) kv_.add_sequence(r->id);
-    kv_.add_tokens(r->id, r->context_pos + 1);
+    kv_.add_tokens(r->id, r->context_pos + 1);  // its drafts come last
   }
   // Context chunks: each may take what is free minus the minimal progress (one chunk unit)
   // of the context requests after it, so an early chunk never starves a later one.
@@ -57,6 +57,14 @@ void KvCacheResourceManager::prepare(std::vector<Request*>& batch) {
                         r->context_pos;
     if (r->chunk_size > fit) r->chunk_size = fit / chunk_unit_ * chunk_unit_;  // shrink, whole units
     if (r->chunk_size > 0) kv_.add_tokens(r->id, r->context_pos + r->chunk_size);
+  }
+  // Draft tokens last: what is still free, so they never take a block a context chunk
+  // needed (under the no-evict policy a request's drafts lie within its reservation).
+  for (Request* r : batch) {
+    if (!r->in_generation() || r->chunk_size <= 1) continue;
+    const int32_t fit = (kv_.num_blocks_of(r->id) + kv_.num_free_blocks()) * kv_.tokens_per_block() - r->context_pos;
+    r->chunk_size = std::max(1, std::min(r->chunk_size, fit));
+    kv_.add_tokens(r->id, r->context_pos + r->chunk_size);
   }
   batch.erase(std::remove_if(batch.begin(), batch.end(), [](const Request* r) { return r->chunk_size == 0; }),
               batch.end());

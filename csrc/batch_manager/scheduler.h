@@ -82,6 +82,9 @@ class MicroBatchScheduler {
   // the end of its reusable prefix (planned_reuse_blocks), and waits a step if its next
   // block is being computed in this batch by a request ahead of it (prefix-aware
   // admission: it reuses the block next step instead of computing it twice).
+  // A generation request with draft tokens (speculative decoding) also gets as many of
+  // them as fit the token budget (and the time budget) left after every generation row's
+  // own token, before any context chunk: chunk_size = 1 + drafts.
   // Returns the batch, generation requests first.
   // With a `budget` (nullptr: none), context chunks are also cut so that the batch's
   // predicted time (budget->model) stays within budget->budget_ms: generation rows keep

@@ -48,6 +48,11 @@ void KvCacheManager::push_free_back(BlockId b) {
   if (blk.cached) ++num_reusable_free_;
 }
 
+void KvCacheManager::push_free_front(BlockId b) {
+  log({Op::kPushFreeFront, b, 0, 0, 0, {}});
+  relink_free(b, -1, free_head_);
+}
+
 void KvCacheManager::unlink_free(BlockId b) {
   Block& blk = blocks_[b];
   log({Op::kUnlinkFree, b, blk.prev, blk.next, 0, {}});
@@ -103,8 +108,14 @@ void KvCacheManager::rollback() {
         if (blk.cached) --num_reusable_free_;
         break;
       }
+      case Op::kPushFreeFront:  // it is the head again at this point of the replay
+        unlink_free(it->block);
+        break;
       case Op::kRef:
         blocks_[it->block].ref = it->a;
+        break;
+      case Op::kTablePop:
+        tables_[it->id].push_back(it->block);
         break;
       case Op::kTableCreate:
         tables_.erase(it->id);
@@ -290,6 +301,19 @@ void KvCacheManager::add_tokens(RequestId id, int32_t num_tokens) {
     set_ref(b, 1);
     log({Op::kTablePush, b, 0, 0, id, {}});
     it->second.push_back(b);
+  }
+}
+
+void KvCacheManager::truncate(RequestId id, int32_t num_tokens) {
+  auto it = tables_.find(id);
+  if (it == tables_.end()) throw std::logic_error("request " + std::to_string(id) + " has no block table");
+  const size_t keep = static_cast<size_t>(std::max(blocks_for_tokens(num_tokens), 0));
+  while (it->second.size() > keep) {
+    const BlockId b = it->second.back();
+    it->second.pop_back();
+    log({Op::kTablePop, b, 0, 0, id, {}});
+    set_ref(b, blocks_[b].ref - 1);
+    if (blocks_[b].ref == 0) push_free_front(b);
   }
 }
 

@@ -88,6 +88,12 @@ class KvCacheManager {
   // Grows the table to hold `num_tokens` tokens with blocks from the head of the free
   // queue (evicting their keys). Throws OutOfKvBlocksError (changing nothing) if too few.
   void add_tokens(RequestId id, int32_t num_tokens);
+  // Shrinks the table to the blocks that hold `num_tokens` tokens (speculative decoding:
+  // the KV of rejected draft tokens is rewound). A dropped block whose count reaches zero
+  // goes back to the head of the free queue, where allocation takes it first: its content
+  // is garbage and it never carries a key (blocks are only keyed up to the verified
+  // tokens). Throws std::logic_error for an unknown sequence.
+  void truncate(RequestId id, int32_t num_tokens);
   // Drops the sequence's table; blocks whose count reaches zero join the free queue's
   // tail, tail block first. Throws std::logic_error for an unknown sequence.
   void remove_sequence(RequestId id);
@@ -117,11 +123,13 @@ class KvCacheManager {
     std::vector<TokenId> tokens;    // the block's tokens, to confirm a key match
   };
   void push_free_back(BlockId b);
+  void push_free_front(BlockId b);
   void unlink_free(BlockId b);
   BlockId pop_free_front();
   BlockId lookup(uint64_t key, uint64_t parent, const TokenId* tokens) const;
 
-  enum class Op : int8_t { kUnlinkFree, kPushFreeBack, kRef, kTableCreate, kTablePush, kTableErase };
+  enum class Op : int8_t { kUnlinkFree, kPushFreeBack, kPushFreeFront, kRef, kTableCreate, kTablePush, kTablePop,
+                          kTableErase };
   struct Undo {
     Op op;
     BlockId block;

@@ -55,12 +55,17 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         int32_t vocab_size
         cbool enable_block_reuse
         QueuePolicy queue_policy
+        int32_t num_speculative_tokens
+        cbool ngram_drafts
+        int32_t prompt_lookup_min
+        int32_t prompt_lookup_max
 
     cdef cppclass ForwardMetadata:
         int32_t num_tokens
         int32_t num_seqs
         int32_t num_generation_seqs
         int32_t num_logits
+        int32_t num_draft_tokens
         int32_t max_blocks_per_seq
         vector[int32_t] input_ids, positions, slot_mapping
         vector[int32_t] query_start_loc, seq_lens, seq_slots
@@ -68,6 +73,7 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         vector[int32_t] block_tables
         vector[int32_t] logits_indices, logits_slots
         vector[int64_t] logits_request_ids
+        vector[int32_t] logits_offsets
 
     cdef cppclass StepEvents:
         vector[int64_t] aborted
@@ -99,6 +105,8 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         double finish_time
         FinishReason finish_reason
         int32_t stop_token
+        int64_t num_draft_tokens
+        int64_t num_accepted_draft_tokens
 
 cdef extern from "pyengine/step_cost.h" namespace "pyengine":
     cdef cppclass StepCostModel:
@@ -111,6 +119,8 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
                          int32_t, double, float, uint64_t, cbool) except +
         cbool abort_request(int64_t)
         cbool remove_waiting(int64_t)
+        cbool set_max_draft_tokens(int64_t, int32_t) except +
+        cbool set_draft_tokens(int64_t, const int32_t*, int32_t) except +
         const ForwardMetadata& schedule(double) except +
         const ForwardMetadata& schedule(double, double) except +
         void set_step_cost_model(const StepCostModel&) except +
@@ -131,6 +141,8 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         vector[int32_t] import_cached_blocks(const vector[CachedBlockRecord]&) except +
         int64_t total_reused_tokens()
         int64_t num_reuse_hits()
+        int64_t total_draft_tokens()
+        int64_t total_accepted_draft_tokens()
         int32_t num_blocks()
         int32_t num_free_blocks()
         int32_t num_reusable_blocks()
@@ -214,7 +226,9 @@ cdef class CoreBatchManager:
     def __cinit__(self, *, int max_batch_size, int max_num_tokens, int max_seq_len,
                   int tokens_per_block, int num_blocks, int num_seq_slots=0,
                   bint enable_chunked_context=True, str policy="guaranteed_no_evict",
-                  int vocab_size=0, bint enable_block_reuse=False, str queue_policy="fcfs"):
+                  int vocab_size=0, bint enable_block_reuse=False, str queue_policy="fcfs",
+                  int num_speculative_tokens=0, bint ngram_drafts=False, int prompt_lookup_min=2,
+                  int prompt_lookup_max=4):
         if policy not in CAPACITY_POLICIES:
             raise ValueError(f"capacity_scheduler_policy must be one of {sorted(CAPACITY_POLICIES)}, got {policy!r}")
         if queue_policy not in QUEUE_POLICIES:
@@ -231,6 +245,10 @@ cdef class CoreBatchManager:
         c.vocab_size = vocab_size
         c.enable_block_reuse = enable_block_reuse
         c.queue_policy = <QueuePolicy> QUEUE_POLICIES[queue_policy]
+        c.num_speculative_tokens = num_speculative_tokens
+        c.ngram_drafts = ngram_drafts
+        c.prompt_lookup_min = prompt_lookup_min
+        c.prompt_lookup_max = prompt_lookup_max
         self.bm = new BatchManager(c)
 
     def __dealloc__(self):
@@ -255,6 +273,7 @@ cdef class CoreBatchManager:
             "logits_indices": _i32_view(self, m.logits_indices),
             "logits_slots": _i32_view(self, m.logits_slots),
             "logits_request_ids": _i64_view(self, m.logits_request_ids),
+            "logits_offsets": _i32_view(self, m.logits_offsets),
         }
 
     def add_request(self, int64_t request_id, const int32_t[::1] prompt, int max_new_tokens,
@@ -270,6 +289,16 @@ cdef class CoreBatchManager:
 
     def remove_waiting(self, int64_t request_id) -> bool:
         return self.bm.remove_waiting(request_id)
+
+    def set_max_draft_tokens(self, int64_t request_id, int n) -> bool:
+        """Speculative decoding: the most draft tokens a step of this request carries (0: none)."""
+        return self.bm.set_max_draft_tokens(request_id, n)
+
+    def set_draft_tokens(self, int64_t request_id, tokens) -> bool:
+        """Draft tokens for the request's next step instead of the n-gram proposer's; False if
+        the request is unknown or not generating."""
+        cdef vector[int32_t] v = list(tokens)
+        return self.bm.set_draft_tokens(request_id, v.data(), <int32_t> v.size())
 
     def update_from_ptr(self, size_t tokens_ptr, int num_tokens, double now):
         """update() reading `num_tokens` int32 tokens at address `tokens_ptr` (a tensor's data_ptr())."""
@@ -332,7 +361,8 @@ cdef class CoreBatchManager:
         }
 
     def step_outputs(self):
-        """What update() produced, one entry per request that got a token, as a list of
+        """What update() produced, one entry per token (a request that accepted draft tokens
+        has several, in order), as a list of
         (request id, token, finished, finish reason, logits row) tuples."""
         cdef const StepEvents* e = &self.bm.events()
         cdef size_t i, n = e.output_request_ids.size()
@@ -360,6 +390,8 @@ cdef class CoreBatchManager:
             "num_reused_tokens": r.num_reused_tokens,
             "stop_token": r.stop_token,
             "seq_slot": r.seq_slot,
+            "num_draft_tokens": r.num_draft_tokens,
+            "num_accepted_draft_tokens": r.num_accepted_draft_tokens,
         }
 
     def block_table(self, int64_t request_id) -> list:
@@ -403,6 +435,11 @@ cdef class CoreBatchManager:
         return self.bm.metadata().num_generation_seqs
 
     @property
+    def num_draft_tokens(self) -> int:
+        """Draft tokens in the last schedule()'s batch (speculative decoding)."""
+        return self.bm.metadata().num_draft_tokens
+
+    @property
     def max_blocks_per_seq(self) -> int:
         return self.bm.metadata().max_blocks_per_seq
 
@@ -437,6 +474,15 @@ cdef class CoreBatchManager:
     @property
     def num_reuse_hits(self) -> int:
         return self.bm.num_reuse_hits()
+
+    @property
+    def total_draft_tokens(self) -> int:
+        """Speculative decoding: draft tokens verified over all steps."""
+        return self.bm.total_draft_tokens()
+
+    @property
+    def total_accepted_draft_tokens(self) -> int:
+        return self.bm.total_accepted_draft_tokens()
 
     @property
     def num_slots(self) -> int:

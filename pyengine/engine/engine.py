@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from pyengine.config import KvCacheConfig, SchedulerConfig, StepCostModel, check_budget_ms
+from pyengine.config import KvCacheConfig, SchedulerConfig, SpeculativeConfig, StepCostModel, check_budget_ms
 from pyengine.engine.chat import ChatOptions, Message, is_conversation
 from pyengine.engine.one_thread import OneThreadGuard, one_thread
 from pyengine.engine.outputs import RequestOutput
@@ -23,7 +23,7 @@ from pyengine.engine.step_cost import OnlineStepCost
 from pyengine.engine.step_loop import StepLoop
 from pyengine.engine.stream import RequestStream
 from pyengine.layers.cpu_features import cpu_info
-from pyengine.sampling import SamplingParams
+from pyengine.sampling import SamplingParams, drafts_allowed
 
 __all__ = ["Engine", "StartupError"]
 
@@ -73,6 +73,11 @@ class Engine:
         directory) instead. The defaults in force are in startup_report()["generation_config"].
     chat_template: a Jinja chat template for conversations, used instead of the tokenizer's
         own (see add_request).
+    speculative_config: speculative decoding (SpeculativeConfig; None: off): a step verifies
+        draft tokens of each generating request along with its next token, so it can yield
+        several tokens for about the price of one. Greedy and seeded outputs are unchanged.
+        Requests with repetition/presence/frequency penalties, logits processors or guided
+        decoding do not speculate (docs/speculative_decoding.md).
 
     The CPU kernels run at the highest instruction-set level the CPU supports (see
     `pyengine.cpu_info()`); the PYENGINE_CPU_ISA environment variable ("generic", "avx2",
@@ -91,7 +96,7 @@ class Engine:
                  cuda_graph_batch_sizes: Sequence[int] | None = None, exact_fp32: bool = False,
                  quantization: str | None = None, quantize_lm_head: bool = True,
                  tokenizer: str | Path | None = None, generation_config: str | Path = "auto",
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, speculative_config: SpeculativeConfig | None = None) -> None:
         self._closed = True
         self._guard = OneThreadGuard()
         parts = start_engine(model=model, dtype=dtype, kv_cache_config=kv_cache_config,
@@ -99,7 +104,8 @@ class Engine:
                              overlap=overlap, device=device, cuda_graphs=cuda_graphs,
                              cuda_graph_batch_sizes=cuda_graph_batch_sizes, exact_fp32=exact_fp32,
                              quantization=quantization, quantize_lm_head=quantize_lm_head, tokenizer=tokenizer,
-                             generation_config=generation_config, chat_template=chat_template)
+                             generation_config=generation_config, chat_template=chat_template,
+                             speculative_config=speculative_config)
         self._parts = parts
         self.config = parts.config
         self.model_dir, self.model_config, self.tokenizer = parts.config.model, parts.model_config, parts.tokenizer
@@ -159,6 +165,8 @@ class Engine:
         self._bm.add_request(new.core_id, array.array("i", new.prompt_token_ids), p.max_tokens, new.end_id,
                              new.core_stop_ids, p.min_tokens, now, new.priority, new.cache_salt_key,
                              reuse_prefix=p.prompt_logprobs is None)
+        if self.config.speculative_config is not None and not drafts_allowed(p):
+            self._bm.set_max_draft_tokens(new.core_id, 0)
         self._requests.add(new, self._sampler.new_seed, now)
         return new.request_id
 
@@ -304,15 +312,19 @@ class Engine:
     # ---- state and resources -----------------------------------------------------------------
 
     @one_thread
-    def stats(self) -> dict[str, int]:
-        """Requests, KV blocks, sequence slots (num_slots, num_free_slots) and prefix-reuse
-        totals now. Print it with pprint for one line a figure."""
+    def stats(self) -> dict[str, int | float | None]:
+        """Requests, KV blocks, sequence slots (num_slots, num_free_slots), prefix-reuse
+        totals and speculative-decoding totals (draft tokens verified and accepted, and their
+        ratio) now. Print it with pprint for one line a figure."""
         bm = self._bm
         return {"num_requests": bm.num_requests, "num_waiting": bm.num_waiting, "num_active": bm.num_active,
                 "num_blocks": bm.num_blocks, "num_free_blocks": bm.num_free_blocks,
                 "num_reusable_blocks": bm.num_reusable_blocks, "num_slots": bm.num_slots,
                 "num_free_slots": bm.num_free_slots, "total_reused_tokens": bm.total_reused_tokens,
-                "num_reuse_hits": bm.num_reuse_hits}
+                "num_reuse_hits": bm.num_reuse_hits, "num_draft_tokens": bm.total_draft_tokens,
+                "num_accepted_draft_tokens": bm.total_accepted_draft_tokens,
+                "draft_acceptance_rate": (bm.total_accepted_draft_tokens / bm.total_draft_tokens
+                                          if bm.total_draft_tokens else None)}
 
     @one_thread
     def save_kv_cache(self, path: str | Path) -> dict[str, Any]:

@@ -20,6 +20,13 @@ class RequestMetrics:
     finish_time: float = -1.0
     num_pauses: int = 0          # times it was paused and recomputed
     num_reused_tokens: int = 0   # prompt tokens whose KV came from the prefix cache
+    num_draft_tokens: int = 0    # speculative decoding: draft tokens verified
+    num_accepted_draft_tokens: int = 0  # ... and accepted
+
+    @property
+    def draft_acceptance_rate(self) -> float | None:
+        """Accepted / verified draft tokens (None: no drafts)."""
+        return self.num_accepted_draft_tokens / self.num_draft_tokens if self.num_draft_tokens else None
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -152,4 +159,5 @@ class RequestRecord:
 def metrics_from_core(m: dict[str, Any]) -> RequestMetrics:
     return RequestMetrics(arrival_time=m["arrival_time"], first_scheduled_time=m["first_scheduled_time"],
                           first_token_time=m["first_token_time"], finish_time=m["finish_time"],
-                          num_pauses=m["num_pauses"], num_reused_tokens=m["num_reused_tokens"])
+                          num_pauses=m["num_pauses"], num_reused_tokens=m["num_reused_tokens"],
+                          num_draft_tokens=m["num_draft_tokens"], num_accepted_draft_tokens=m["num_accepted_draft_tokens"])

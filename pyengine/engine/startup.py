@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import torch
 
 from pyengine import gguf
-from pyengine.config import EngineConfig, StepCostModel
+from pyengine.config import EngineConfig, SpeculativeConfig, StepCostModel
 from pyengine.core import CoreBatchManager
 from pyengine.dtypes import KV_CACHE_DTYPES
 from pyengine.engine import kv_persistence, step_cost
@@ -300,7 +300,15 @@ def _batch_manager(parts: EngineParts, num_blocks: int) -> CoreBatchManager:
         tokens_per_block=kc.tokens_per_block, num_blocks=num_blocks, enable_chunked_context=sc.enable_chunked_prefill,
         policy=sc.capacity_scheduler_policy, vocab_size=parts.model_config.vocab_size,
         num_seq_slots=parts.config.num_seq_slots, enable_block_reuse=kc.enable_block_reuse,
-        queue_policy=sc.queue_policy)
+        queue_policy=sc.queue_policy, **_speculation(parts.config.speculative_config))
+
+
+def _speculation(spec: SpeculativeConfig | None) -> dict[str, Any]:
+    """The batch manager's speculative-decoding arguments."""
+    if spec is None:
+        return {}
+    return {"num_speculative_tokens": spec.num_speculative_tokens, "ngram_drafts": spec.method == "ngram",
+            "prompt_lookup_min": spec.prompt_lookup_min, "prompt_lookup_max": spec.prompt_lookup_max}
 
 
 def _runner(parts: EngineParts, model: LlamaFamilyModel, bm: CoreBatchManager, rows: int, num_blocks: int,

@@ -47,9 +47,10 @@ FINISH_REASONS: dict[int, str] = {int(FinishReason.kEndId): "stop", int(FinishRe
                                   int(FinishReason.kLength): "length", int(FinishReason.kAbort): "abort",
                                   int(FinishReason.kStopString): "stop"}
 
-# An updated step's output for one request: (core id, token, C++ finish reason, logprobs, metrics
-# dict of a request that finished, else None).
-UpdateItem = tuple[int, int, int, "dict[int, float] | None", "dict | None"]
+# An updated step's output for one request: (core id, its tokens of this step -- one, or more
+# when it accepted draft tokens --, C++ finish reason, logprobs per token, metrics dict of a
+# request that finished, else None).
+UpdateItem = tuple[int, list[int], int, "list[dict[int, float] | None]", "dict | None"]
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Batch:
     events: dict
     prompt_rows: PromptRows | None = None
     shape: tuple[int, int, int] = (0, 0, 0)  # (sequences, tokens, attention pairs): the cost model's
+    num_drafts: int = 0  # draft tokens among the generation rows (speculative decoding)
 
 
 class StepLoop:
@@ -194,7 +196,7 @@ class StepLoop:
         try:
             num_tokens, num_seqs, num_logits = bm.schedule(time.monotonic(), self._budget_ms)
             events = bm.events()
-            batch = Batch(num_tokens, num_seqs, num_logits, events)
+            batch = Batch(num_tokens, num_seqs, num_logits, events, num_drafts=bm.num_draft_tokens if num_seqs else 0)
             if self.step_cost is not None and num_seqs:
                 batch.shape = batch_shape(self.runner.query_start_loc, self.runner.seq_lens, num_seqs)
             self._assign_sampler_rows(events)
@@ -261,7 +263,8 @@ class StepLoop:
     def _sample(self, batch: Batch, forwarded: Forwarded) -> SampleResult:
         """Samples the batch (padding rows too: their tokens go to the scratch row); changes no
         state (_update commits it). On a GPU the tokens start their way to the host."""
-        result = self.sampler.sample(forwarded.logits[: forwarded.num_rows], forwarded.slots)
+        offsets = self.runner.logits_offsets[: forwarded.num_rows] if batch.num_drafts else None
+        result = self.sampler.sample(forwarded.logits[: forwarded.num_rows], forwarded.slots, offsets)
         result.host_tokens, result.ready = self.runner.tokens_to_host(result.tokens)
         return result
 
@@ -272,21 +275,32 @@ class StepLoop:
         bm, sampler = self.bm, self.sampler
         if result.ready is not None:
             result.ready.synchronize()  # the step's tokens have reached the host
-        sampler.commit(result)
-        self.runner.record_tokens(forwarded, result.tokens)
+        if not batch.num_drafts:
+            sampler.commit(result)
+            self.runner.record_tokens(forwarded, result.tokens)
         bm.update_from_ptr(result.host_tokens.data_ptr(), batch.num_logits, time.monotonic())
+        outputs = bm.step_outputs()
+        if batch.num_drafts:  # only the tokens the requests kept count: accepted drafts and the one after
+            sampler.commit(result, [row for *_, row in outputs])
+            last_rows = {core_id: row for core_id, *_, row in outputs}
+            self.runner.record_tokens(forwarded, result.tokens, list(last_rows.values()))
         if batch.prompt_rows is not None:
             done = record_prompt_logprobs(forwarded.logits[forwarded.num_rows:], batch.prompt_rows[1])
             self.table.num_owed_prompt_logprobs -= done
         items: list[UpdateItem] = []
         # each output names the logits row its token came from: a row whose request the caller
-        # ended after scheduling it (a stop string, with overlap) has no output
-        for core_id, token, done, reason, row in bm.step_outputs():
-            metrics = None
+        # ended after scheduling it (a stop string, with overlap) has no output; a request's
+        # outputs are consecutive (several when it accepted draft tokens, the last one finishing it)
+        for core_id, token, done, reason, row in outputs:
+            if items and items[-1][0] == core_id:
+                items[-1][1].append(token)
+                items[-1][3].append(result.logprobs[row])
+            else:
+                items.append((core_id, [token], reason, [result.logprobs[row]], None))
             if done:
                 metrics = bm.request_metrics(core_id)
                 sampler.release_slot(metrics["seq_slot"])
-            items.append((core_id, token, reason, result.logprobs[row], metrics))
+                items[-1] = (core_id, items[-1][1], reason, items[-1][3], metrics)
         return items
 
     # ---- respond --------------------------------------------------------------------------------
@@ -323,17 +337,25 @@ class StepLoop:
         rec.metrics.finish_time = time.monotonic()
         return rec.output([], "", True, "abort")
 
-    def _respond_one(self, core_id: int, token: int, reason: int, logprobs: dict[int, float] | None,
+    def _respond_one(self, core_id: int, tokens: list[int], reason: int, logprobs: list[dict[int, float] | None],
                      metrics: dict | None) -> RequestOutput | None:
         rec = self.table.records[core_id]
         done = metrics is not None
-        # guided decoding: a grammar that accepted this token as its end ends the request (when
-        # the core has not: ignore_eos, or a grammar that ends without an end-of-sequence token)
-        grammar_end = rec.matcher is not None and rec.matcher.is_terminated()
-        new_text, stopped = rec.append_token(token, logprobs, final=done or grammar_end)
-        if grammar_end and not stopped and not done:
-            stopped = True
-            rec.stop_reason = token if token in rec.matcher.stop_token_ids else None
+        new_text, stopped, kept = "", False, []
+        for i, token in enumerate(tokens):
+            last = i == len(tokens) - 1
+            # guided decoding: a grammar that accepted this token as its end ends the request
+            # (when the core has not: ignore_eos, or a grammar that ends without an
+            # end-of-sequence token)
+            grammar_end = rec.matcher is not None and rec.matcher.is_terminated()
+            piece, stopped = rec.append_token(token, logprobs[i], final=(done and last) or grammar_end)
+            new_text += piece
+            kept.append(token)
+            if grammar_end and not stopped and not (done and last):
+                stopped = True
+                rec.stop_reason = token if token in rec.matcher.stop_token_ids else None
+            if stopped:  # a stop string inside accepted drafts cuts there: later tokens are dropped
+                break
         if stopped and not done:
             now = time.monotonic()
             if self.bm.finish_stopped(core_id, now):
@@ -347,14 +369,14 @@ class StepLoop:
                 # ends by it, and no abort output follows (_abort_outputs skips it).
                 rec.metrics.finish_time = now
                 self.table.remove(core_id)
-                return rec.output([token], new_text, True, "stop")
+                return rec.output(kept, new_text, True, "stop")
         if metrics is None:
-            return rec.output([token], new_text, False, None)
+            return rec.output(kept, new_text, False, None)
         rec.metrics = metrics_from_core(metrics)
         if not stopped and metrics["stop_token"] >= 0:
             rec.stop_reason = metrics["stop_token"]
         self.table.remove(core_id)
-        return rec.output([token], new_text, True, "stop" if stopped else FINISH_REASONS[reason])
+        return rec.output(kept, new_text, True, "stop" if stopped else FINISH_REASONS[reason])
 
     def _abort_outputs(self, events: dict) -> list[RequestOutput]:
         """Final outputs of the requests the schedule dropped (after any output of theirs from

@@ -35,7 +35,7 @@ LIVE_KV_POOLS: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
 _BUFFERS = {"input_ids": torch.int32, "positions": torch.int32, "slot_mapping": torch.int32,
             "query_start_loc": torch.int32, "seq_lens": torch.int32, "block_tables": torch.int32,
             "logits_indices": torch.int32, "logits_slots": torch.int32, "seq_slots": torch.int32,
-            "request_ids": torch.int64}
+            "request_ids": torch.int64, "logits_offsets": torch.int32}
 
 
 def split_k_workspace_bytes(dtype: torch.dtype, num_heads: int, head_dim: int, max_batch_size: int,
@@ -89,6 +89,7 @@ class ModelRunner:
         self.input_ids, self.positions, self.slot_mapping = h["input_ids"], h["positions"], h["slot_mapping"]
         self.query_start_loc, self.seq_lens, self.block_tables = h["query_start_loc"], h["seq_lens"], h["block_tables"]
         self.logits_indices, self.logits_slots = h["logits_indices"], h["logits_slots"]
+        self.logits_offsets = h["logits_offsets"]  # a row's index among its sequence's (drafts)
         self.seq_slots, self.request_ids = h["seq_slots"], h["request_ids"]
         # The last token sampled for each slot (+ the scratch row): generation rows read
         # their input from here, so a step never waits for the host to learn the previous
@@ -196,10 +197,11 @@ class ModelRunner:
             size = self.padded_size(num_seqs)
             self._pad(num_seqs, size)
             num_tokens = num_seqs = num_logits = size
-        # generation rows come first, one token each
+        # generation sequences come first, one token each plus their draft tokens
         ngen = num_seqs if decode else self._bm.num_generation_seqs
+        drafts = 0 if decode else self._bm.num_draft_tokens
         if not self.is_cuda:
-            return self._run(self.host, num_tokens, num_seqs, num_logits, extra_rows, ngen)
+            return self._run(self.host, num_tokens, num_seqs, num_logits, extra_rows, ngen, drafts=drafts)
         with self.stream_context():
             self._upload(num_tokens, num_seqs, num_logits)
             if decode and self.graphs is not None and num_seqs in self.graphs.sizes:
@@ -208,7 +210,7 @@ class ModelRunner:
                 (self.query_start_loc[1: num_seqs + 1] - self.query_start_loc[:num_seqs]).max())
             max_context_len = int(self.seq_lens[:num_seqs].max())
             return self._run(self.dev, num_tokens, num_seqs, num_logits, extra_rows, ngen, max_query_len,
-                             max_context_len)
+                             max_context_len, drafts)
 
     def _upload(self, num_tokens: int, num_seqs: int, num_logits: int) -> None:
         """Copies the used part of this step's metadata to the device (non-blocking: the host
@@ -221,11 +223,13 @@ class ModelRunner:
 
     def _run(self, bufs: dict[str, torch.Tensor], num_tokens: int, num_seqs: int, num_logits: int,
              extra_rows: torch.Tensor | None, ngen: int, max_query_len: int | None = None,
-             max_context_len: int | None = None) -> Forwarded:
+             max_context_len: int | None = None, drafts: int = 0) -> Forwarded:
         """The model on a batch whose metadata is in `bufs` (the host views on the CPU, the
-        device buffers on a GPU); generation rows take their input from the token buffer."""
+        device buffers on a GPU); generation rows take their input from the token buffer (a
+        sequence with draft tokens: its first row)."""
         if ngen:
-            bufs["input_ids"][:ngen] = self.last_tokens[bufs["seq_slots"][:ngen].long()]
+            first = bufs["query_start_loc"][:ngen].long() if drafts else slice(0, ngen)
+            bufs["input_ids"][first] = self.last_tokens[bufs["seq_slots"][:ngen].long()]
         rows = bufs["logits_indices"][:num_logits]
         if extra_rows is not None:
             rows = torch.cat([rows, extra_rows.to(self.device)])
@@ -260,7 +264,12 @@ class ModelRunner:
             event.record(self.stream)
         return buf, event
 
-    def record_tokens(self, forwarded: Forwarded, tokens: torch.Tensor) -> None:
-        """Commits a step's sampled tokens to the token buffer (padding rows: the scratch row)."""
+    def record_tokens(self, forwarded: Forwarded, tokens: torch.Tensor, last_rows: list[int] | None = None) -> None:
+        """Commits a step's sampled tokens to the token buffer (padding rows: the scratch row).
+        `last_rows` (speculative decoding): the row of each sequence's last kept token."""
         with self.stream_context():
-            self.last_tokens[forwarded.slots.long()] = tokens
+            if last_rows is None:
+                self.last_tokens[forwarded.slots.long()] = tokens
+            else:
+                rows = torch.tensor(last_rows, dtype=torch.int64).to(tokens.device)
+                self.last_tokens[forwarded.slots[rows].long()] = tokens[rows]

@@ -172,6 +172,15 @@ class SampleResult:
     ready: "torch.cuda.Event | None" = None  # a GPU copy of host_tokens is complete once this fires
 
 
+def drafts_allowed(params: SamplingParams) -> bool:
+    """Whether a request may carry draft tokens (speculative decoding): its rows sample
+    independently given the row's position (`offsets` in Sampler.sample). Penalties, logits
+    processors and grammars make a row depend on the tokens before it in the same step, state
+    the sampler keeps per slot, not per draft: such requests do not speculate."""
+    return (params.repetition_penalty == 1 and params.presence_penalty == 0 and params.frequency_penalty == 0
+            and not params.logits_processors and params.guided_decoding is None)
+
+
 class Sampler:
     """Per-slot sampling state and the vectorized sampling pass."""
 
@@ -281,10 +290,12 @@ class Sampler:
     def all_greedy(self) -> bool:
         return not any(self._active.values())
 
-    def sample(self, logits: torch.Tensor, slots: torch.Tensor) -> SampleResult:
+    def sample(self, logits: torch.Tensor, slots: torch.Tensor, offsets: torch.Tensor | None = None) -> SampleResult:
         """logits [n, vocab] float32, slots [n] -> tokens and logprobs. Changes no state
         (see commit()), so a failure here — in a user's logits processor, say — leaves the
-        sampler as it was."""
+        sampler as it was. `offsets` [n] (speculative decoding): row i samples the slot's
+        token num_generated + offsets[i] (its random counter and min_tokens), for a slot with
+        several rows (its next token and its drafts'); None: all 0."""
         n = logits.shape[0]
         if self.all_greedy:  # fast path: nothing but argmax
             return SampleResult(torch.argmax(logits, dim=-1).to(torch.int32), [None] * n)
@@ -309,8 +320,9 @@ class Sampler:
                 x = apply_repetition_penalty(x, seen, self.repetition_penalty[rows])
             if self._active["penalty"]:
                 x = apply_presence_frequency(x, counts, self.presence_penalty[rows], self.frequency_penalty[rows])
+        generated = self.num_generated[rows] if offsets is None else self.num_generated[rows] + offsets.to(self.device)
         if self._active["min_tokens"]:
-            under = (self.num_generated[rows] < self.min_tokens[rows])[:, None]
+            under = (generated < self.min_tokens[rows])[:, None]
             x = x.masked_fill(self.stop_mask[rows] & under, float("-inf"))
         tokens = torch.argmax(x, dim=-1)
         if self._active["sample"]:
@@ -327,7 +339,7 @@ class Sampler:
                 min_p = self.min_p[rows]
                 if bool((min_p > 0).any()):
                     xs = apply_min_p(xs, min_p)
-                u = counter_uniform(self.seed[rows], self.num_generated[rows])
+                u = counter_uniform(self.seed[rows], generated)
                 tokens = torch.where(sampled, sample_inverse_cdf(xs, u), tokens)
         logprobs: list[dict[int, float] | None] = [None] * n
         if raw_logprobs is not None:
@@ -365,20 +377,28 @@ class Sampler:
                                        self.vocab_size, torch.get_num_threads())
         return out
 
-    def commit(self, result: SampleResult) -> None:
+    def commit(self, result: SampleResult, emitted: list[int] | None = None) -> None:
         """Records the sampled tokens in the rows' state (random counters, penalty counts, the
-        grammar matchers)."""
+        grammar matchers). `emitted` (speculative decoding): the rows whose tokens the request
+        kept, in order (None: every row)."""
         if result.rows is None:
             return
-        rows = result.rows
+        rows, tokens_dev = result.rows, result.tokens
+        host = result.host_tokens if result.host_tokens is not None else result.tokens
+        if emitted is not None:
+            picked = torch.tensor(emitted, dtype=torch.int64)
+            host = host[picked]
+            picked = picked.to(self.device)
+            rows, tokens_dev = rows[picked], tokens_dev[picked]
         if self._active["guided"]:
-            tokens = (result.host_tokens if result.host_tokens is not None else result.tokens).tolist()
+            tokens = host.tolist()
             for slot, token in zip(rows.tolist(), tokens):
                 m = self._matchers.get(slot)
                 if m is not None and not m.is_terminated() and not m.accept_token(token):
                     logger.error("the grammar matcher of slot %d rejected token %d, which its mask allowed", slot, token)
-        self.num_generated[rows] += 1
+        # index_add_: a slot with several rows (accepted drafts) counts each
+        self.num_generated.index_add_(0, rows, torch.ones_like(rows, dtype=self.num_generated.dtype))
         if self._active["repetition"] or self._active["penalty"]:  # rows without penalties may count too: unused
-            self.counts.index_put_((rows, result.tokens.to(torch.int64)),
+            self.counts.index_put_((rows, tokens_dev.to(torch.int64)),
                                    torch.ones(rows.shape[0], dtype=torch.int32, device=self.device), accumulate=True)
 

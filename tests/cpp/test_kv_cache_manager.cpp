@@ -61,4 +61,33 @@ TEST(bad_arguments_are_named) {
   CHECK_THROWS(kv.add_tokens(2, 1), std::logic_error, "request 2 has no block table");
 }
 
+TEST(truncate_returns_tail_blocks_to_the_head_of_the_free_queue) {
+  KvCacheManager kv(8, 4);
+  kv.add_sequence(1);
+  kv.add_tokens(1, 5);  // blocks 0, 1
+  kv.begin();
+  kv.add_tokens(1, 13);  // + 2, 3 (draft tokens, say)
+  CHECK_EQ(kv.block_table(1), (std::vector<BlockId>{0, 1, 2, 3}));
+  kv.truncate(1, 6);  // 6 tokens: blocks 0, 1; 3 then 2 go to the head
+  CHECK_EQ(kv.block_table(1), (std::vector<BlockId>{0, 1}));
+  CHECK_EQ(kv.num_free_blocks(), 6);
+  kv.check_invariants();
+  kv.rollback();  // undone exactly: the table as at begin(), the queue's order too
+  CHECK_EQ(kv.block_table(1), (std::vector<BlockId>{0, 1}));
+  kv.check_invariants();
+  kv.add_sequence(2);
+  kv.add_tokens(2, 9);  // the head of the queue: the same blocks as if nothing had happened
+  CHECK_EQ(kv.block_table(2), (std::vector<BlockId>{2, 3, 4}));
+  kv.add_tokens(1, 13);
+  CHECK_EQ(kv.block_table(1), (std::vector<BlockId>{0, 1, 5, 6}));
+  kv.truncate(1, 6);
+  kv.add_tokens(2, 13);  // takes 5: truncate put 5, 6 back at the head in allocation order
+  CHECK_EQ(kv.block_table(2), (std::vector<BlockId>{2, 3, 4, 5}));
+  kv.truncate(2, 0);
+  CHECK_EQ(kv.block_table(2).size(), size_t{0});
+  CHECK_EQ(kv.num_free_blocks(), 6);
+  kv.check_invariants();
+  CHECK_THROWS(kv.truncate(9, 1), std::logic_error, "request 9 has no block table");
+}
+
 TEST_MAIN()

@@ -36,16 +36,30 @@ struct BatchManagerConfig {
   int32_t vocab_size = 0;              // > 0: prompt token ids are range-checked
   bool enable_block_reuse = false;     // prefix reuse of full KV blocks
   QueuePolicy queue_policy = QueuePolicy::kFcfs;
+  // Speculative decoding (docs/speculative_decoding.md): a generating request carries up to
+  // num_speculative_tokens draft tokens a step (0: off), verified by the same forward. With
+  // ngram_drafts, schedule() proposes them by prompt lookup (the tokens that followed the
+  // last prompt_lookup_max .. prompt_lookup_min tokens' most recent earlier occurrence);
+  // otherwise the caller sets them (set_draft_tokens), e.g. from a draft model.
+  int32_t num_speculative_tokens = 0;
+  bool ngram_drafts = false;
+  int32_t prompt_lookup_min = 2;
+  int32_t prompt_lookup_max = 4;
 };
 
 // The forward's inputs for one step, in preallocated buffers (sequences: generation rows
 // first, then context chunks). Sizes: token arrays max_num_tokens, sequence arrays
-// max_batch_size (+1 for query_start_loc), block_tables max_batch_size x max_blocks_per_seq.
+// max_batch_size (+1 for query_start_loc), block_tables max_batch_size x max_blocks_per_seq,
+// logits arrays max(max_num_tokens, max_batch_size).
+// A generation sequence computes its last sampled token and then its draft tokens, if any
+// (speculative decoding); every one of those rows is a logits row, logits_offsets 0, 1, ...
+// A context chunk that ends its context has one logits row (its last token, offset 0).
 struct ForwardMetadata {
   int32_t num_tokens = 0;
   int32_t num_seqs = 0;
   int32_t num_generation_seqs = 0;
   int32_t num_logits = 0;            // rows that produce a token this step
+  int32_t num_draft_tokens = 0;      // draft tokens among the generation rows (speculative decoding)
   int32_t max_blocks_per_seq = 0;
   std::vector<int32_t> input_ids, positions, slot_mapping;   // per token
   std::vector<int32_t> query_start_loc, seq_lens, seq_slots; // per sequence
@@ -53,6 +67,7 @@ struct ForwardMetadata {
   std::vector<int32_t> block_tables;                         // per sequence, padded rows
   std::vector<int32_t> logits_indices, logits_slots;         // per logits row
   std::vector<int64_t> logits_request_ids;                   // per logits row
+  std::vector<int32_t> logits_offsets;  // per logits row: its index among its sequence's rows
 };
 
 // What a step changed, for the caller's outputs.
@@ -63,8 +78,10 @@ struct StepEvents {
   std::vector<SlotId> paused_slots;      // the sequence slots they held
   std::vector<RequestId> assigned;       // given a sequence slot by this schedule()
   std::vector<SlotId> assigned_slots;    // the sequence slots they were given
-  // update(): one entry per request that produced a token, with the logits row it came from
-  // (rows of requests the caller ended after scheduling them produce no entry).
+  // update(): one entry per token produced, with the logits row it came from, in batch order
+  // (a request that verified draft tokens produces its accepted ones and the token after
+  // them, in order, `finished` set on its last; rows of requests the caller ended after
+  // scheduling them produce no entry).
   std::vector<RequestId> output_request_ids;
   std::vector<int32_t> logits_rows;
   std::vector<TokenId> tokens;
@@ -93,6 +110,8 @@ struct RequestInfo {
   double finish_time = -1.0;
   FinishReason finish_reason = FinishReason::kNone;
   TokenId stop_token = -1;            // the token that stopped it (kEndId, kStopToken), else -1
+  int64_t num_draft_tokens = 0;       // speculative decoding: draft tokens verified so far
+  int64_t num_accepted_draft_tokens = 0;  // ... and accepted
 };
 
 // Not thread-safe: one thread drives a BatchManager. A function whose comment names no
@@ -122,6 +141,17 @@ class BatchManager {
   void add_request(RequestId id, const TokenId* prompt, int32_t prompt_len, int32_t max_new_tokens,
                    TokenId end_id, const std::vector<TokenId>& stop_token_ids, int32_t min_new_tokens,
                    double now, float priority = 0.5f, uint64_t cache_salt = 0, bool reuse_prefix = true);
+  // Speculative decoding: the most draft tokens a step of this request may carry (0: it
+  // never speculates; add_request sets config().num_speculative_tokens). Throws
+  // std::invalid_argument for n < 0 or above num_speculative_tokens; returns false if the id
+  // is unknown.
+  bool set_max_draft_tokens(RequestId id, int32_t n);
+  // Draft tokens for the request's next step, instead of the n-gram proposer's (a draft
+  // model's, a test's). Kept until a schedule() puts the request in a batch; at most
+  // max_draft_tokens of them are used, and never more than the request may still generate
+  // less one. Throws std::invalid_argument (changing nothing) for a token id outside the
+  // vocabulary; returns false if the request is unknown or not generating.
+  bool set_draft_tokens(RequestId id, const TokenId* tokens, int32_t n);
   // Marks a request to be dropped at the next schedule(). Returns false if the id is
   // unknown (never added, or already finished and retired).
   bool abort_request(RequestId id);
@@ -148,7 +178,11 @@ class BatchManager {
   void set_step_cost_model(const StepCostModel& model);
   const StepCostModel& step_cost_model() const;
   // `tokens`: one per logits row of the last schedule(). Throws std::invalid_argument if
-  // `num_tokens` differs from the batch's logits rows. The token of a request the caller
+  // `num_tokens` differs from the batch's logits rows. A request with draft tokens accepts
+  // them while each equals the token sampled at the row before it, and gets the token
+  // sampled after its last accepted one (stop conditions apply token by token: an end inside
+  // the accepted drafts cuts there); the KV of the rejected drafts is rewound (its blocks
+  // freed when they empty) and only verified tokens are ever keyed for prefix reuse. The token of a request the caller
   // ended after scheduling it (finish_request, with the overlap loop) is discarded: that row
   // has no output entry, so per-row data (logprobs) goes by events().logits_rows.
   void update(const TokenId* tokens, int32_t num_tokens, double now);
@@ -200,6 +234,9 @@ class BatchManager {
   int64_t total_reused_tokens() const;
   // Returns how many block tables took any blocks from the prefix cache, over all steps.
   int64_t num_reuse_hits() const;
+  // Speculative decoding: draft tokens verified, and accepted, over all steps.
+  int64_t total_draft_tokens() const;
+  int64_t total_accepted_draft_tokens() const;
   // KV cache persistence (docs/kv_persistence.md). Returns the reusable prefix-cache blocks,
   // most recently used first (block id, key, parent key, tokens). Throws std::logic_error
   // while any request is known (queued, running or not retired).

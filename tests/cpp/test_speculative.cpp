@@ -1,0 +1,356 @@
+// Speculative decoding in the batch manager: prompt-lookup drafts, the metadata of a
+// generation row carrying drafts, acceptance (all, some, none; an end or max_tokens inside
+// the drafts), the KV rewind with exact block ids, rollback, and a whole run whose blocks,
+// reference counts and cached keys end exactly as without speculation.
+#include <algorithm>
+#include <stdexcept>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "batch_manager/ngram_proposer.h"
+#include "pyengine/batch_manager.h"
+#include "test_harness.h"
+
+using namespace pyengine;
+
+namespace {
+
+using Tokens = std::vector<TokenId>;
+
+BatchManagerConfig config(int32_t k, bool ngram = false, bool reuse = false) {
+  BatchManagerConfig c;
+  c.max_batch_size = 4;
+  c.max_num_tokens = 64;
+  c.max_seq_len = 128;
+  c.tokens_per_block = 4;
+  c.num_blocks = 32;
+  c.num_speculative_tokens = k;
+  c.ngram_drafts = ngram;
+  c.enable_block_reuse = reuse;
+  return c;
+}
+
+void add(BatchManager& bm, RequestId id, const Tokens& prompt, int32_t max_new, TokenId end_id = -1) {
+  bm.add_request(id, prompt.data(), static_cast<int32_t>(prompt.size()), max_new, end_id, {}, 0, 0.0);
+}
+
+template <typename T>
+std::vector<T> head(const std::vector<T>& v, int32_t n) {
+  return std::vector<T>(v.begin(), v.begin() + n);
+}
+
+// One step in which every logits row samples `tokens` (in order); returns the emitted tokens.
+Tokens step(BatchManager& bm, const Tokens& tokens) {
+  const ForwardMetadata& m = bm.schedule(0.0);
+  CHECK_EQ(m.num_logits, static_cast<int32_t>(tokens.size()));
+  bm.update(tokens.data(), static_cast<int32_t>(tokens.size()), 0.0);
+  bm.check_invariants();
+  return bm.events().tokens;
+}
+
+}  // namespace
+
+TEST(ngram_proposer_takes_the_longest_most_recent_match) {
+  CHECK_EQ(propose_ngram({1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3}, 1, 3, 2), (Tokens{7, 5}));  // the later "1 2 3"
+  CHECK_EQ(propose_ngram({4, 5, 6, 4, 5}, 2, 3, 3), (Tokens{6, 4, 5}));  // runs into the suffix itself
+  CHECK_EQ(propose_ngram({4, 5, 6, 4, 5}, 2, 3, 9), (Tokens{6, 4, 5}));  // fewer than k follow
+  CHECK_EQ(propose_ngram({8, 1, 2, 9, 2}, 1, 3, 2), (Tokens{9, 2}));     // only the 1-gram "2" matches
+  CHECK_EQ(propose_ngram({8, 1, 2, 9, 2}, 2, 3, 2), Tokens{});           // ... which is below n_min
+  CHECK_EQ(propose_ngram({3, 3}, 1, 3, 4), (Tokens{3}));
+  CHECK_EQ(propose_ngram({3}, 1, 3, 4), Tokens{});
+  CHECK_EQ(propose_ngram({1, 2, 1, 2}, 1, 2, 0), Tokens{});
+}
+
+TEST(a_generation_row_with_drafts_is_one_logits_row_per_token) {
+  BatchManager bm(config(3));
+  add(bm, 1, {10, 11, 12, 13, 14}, 10);
+  CHECK_EQ(step(bm, {20}), Tokens{20});  // the prompt: blocks 0, 1
+  CHECK(bm.set_draft_tokens(1, Tokens{21, 22, 23}.data(), 3));
+  const ForwardMetadata& m = bm.schedule(0.0);
+  CHECK_EQ(m.num_seqs, 1);
+  CHECK_EQ(m.num_generation_seqs, 1);
+  CHECK_EQ(m.num_tokens, 4);
+  CHECK_EQ(m.num_logits, 4);
+  CHECK_EQ(head(m.input_ids, 4), (Tokens{20, 21, 22, 23}));
+  CHECK_EQ(head(m.positions, 4), (std::vector<int32_t>{5, 6, 7, 8}));
+  CHECK_EQ(head(m.slot_mapping, 4), (std::vector<int32_t>{5, 6, 7, 8}));  // blocks 1 and 2
+  CHECK_EQ(head(m.query_start_loc, 2), (std::vector<int32_t>{0, 4}));
+  CHECK_EQ(m.seq_lens[0], 9);
+  CHECK_EQ(head(m.logits_indices, 4), (std::vector<int32_t>{0, 1, 2, 3}));
+  CHECK_EQ(head(m.logits_offsets, 4), (std::vector<int32_t>{0, 1, 2, 3}));
+  CHECK_EQ(bm.block_table(1), (std::vector<BlockId>{0, 1, 2}));
+  // 21 and 22 accepted, 23 rejected (99 was sampled there): 21, 22, 99 emitted
+  const Tokens sampled{21, 22, 99, 50};
+  bm.update(sampled.data(), 4, 0.0);
+  const StepEvents& e = bm.events();
+  CHECK_EQ(e.tokens, (Tokens{21, 22, 99}));
+  CHECK_EQ(e.logits_rows, (std::vector<int32_t>{0, 1, 2}));
+  CHECK_EQ(e.output_request_ids, (std::vector<RequestId>{1, 1, 1}));
+  CHECK_EQ(e.finished, (std::vector<uint8_t>{0, 0, 0}));
+  const RequestInfo info = bm.request_info(1);
+  CHECK_EQ(info.num_generated, 4);
+  CHECK_EQ(info.num_computed_tokens, 8);  // 5 prompt + 20 21 22; 99 has no KV yet
+  CHECK_EQ(info.num_draft_tokens, int64_t{3});
+  CHECK_EQ(info.num_accepted_draft_tokens, int64_t{2});
+  // block 2 held only the rejected draft's position 8: back at the head of the free queue
+  CHECK_EQ(bm.block_table(1), (std::vector<BlockId>{0, 1}));
+  CHECK_EQ(bm.num_free_blocks(), 30);
+  bm.check_invariants();
+  // the next step (no drafts) writes position 8 into the same block, as without speculation
+  const ForwardMetadata& m2 = bm.schedule(0.0);
+  CHECK_EQ(m2.num_tokens, 1);
+  CHECK_EQ(m2.input_ids[0], 99);
+  CHECK_EQ(m2.positions[0], 8);
+  CHECK_EQ(bm.block_table(1), (std::vector<BlockId>{0, 1, 2}));
+}
+
+TEST(all_drafts_rejected_or_all_accepted) {
+  BatchManager bm(config(2));
+  add(bm, 1, {1, 2, 3, 4}, 20);
+  step(bm, {5});
+  CHECK(bm.set_draft_tokens(1, Tokens{6, 7}.data(), 2));
+  CHECK_EQ(step(bm, {8, 6, 7}), Tokens{8});  // the first draft is already wrong
+  CHECK_EQ(bm.request_info(1).num_computed_tokens, 5);
+  CHECK_EQ(bm.block_table(1).size(), size_t{2});  // positions 0..4
+  CHECK(bm.set_draft_tokens(1, Tokens{9, 10}.data(), 2));
+  CHECK_EQ(step(bm, {9, 10, 11}), (Tokens{9, 10, 11}));  // both, and the token after them
+  CHECK_EQ(bm.request_info(1).num_computed_tokens, 8);
+  CHECK_EQ(bm.request_info(1).num_accepted_draft_tokens, int64_t{2});
+  CHECK_EQ(bm.request_info(1).num_draft_tokens, int64_t{4});
+  CHECK_EQ(bm.block_table(1).size(), size_t{2});
+}
+
+TEST(an_end_inside_the_accepted_drafts_cuts_there) {
+  BatchManager bm(config(3));
+  add(bm, 1, {1, 2, 3}, 20, /*end_id=*/2);
+  step(bm, {5});
+  CHECK(bm.set_draft_tokens(1, Tokens{6, 2, 7}.data(), 3));
+  CHECK_EQ(step(bm, {6, 2, 7, 8}), (Tokens{6, 2}));  // all accepted, but 2 ends it
+  const StepEvents& e = bm.events();
+  CHECK_EQ(e.finished, (std::vector<uint8_t>{0, 1}));
+  CHECK_EQ(e.finish_reasons.back(), static_cast<int32_t>(FinishReason::kEndId));
+  bm.free_finished();
+  CHECK_EQ(bm.num_free_blocks(), 32);
+  bm.check_invariants();
+}
+
+TEST(drafts_never_pass_max_tokens) {
+  BatchManager bm(config(4));
+  add(bm, 1, {1, 2, 3}, 3);
+  step(bm, {5});  // 1 of 3 generated: 1 draft at most (it and the token after it make 3)
+  CHECK(bm.set_draft_tokens(1, Tokens{6, 7, 8, 9}.data(), 4));
+  const ForwardMetadata& m = bm.schedule(0.0);
+  CHECK_EQ(m.num_tokens, 2);
+  const Tokens sampled{6, 7};
+  bm.update(sampled.data(), 2, 0.0);
+  CHECK_EQ(bm.events().tokens, (Tokens{6, 7}));
+  CHECK_EQ(bm.events().finished, (std::vector<uint8_t>{0, 1}));
+  CHECK_EQ(bm.events().finish_reasons.back(), static_cast<int32_t>(FinishReason::kLength));
+  bm.free_finished();
+  bm.check_invariants();
+  CHECK_EQ(bm.num_free_blocks(), 32);
+}
+
+TEST(drafts_go_after_every_generation_token_and_before_context_chunks) {
+  BatchManagerConfig c = config(3);
+  c.max_num_tokens = 8;
+  BatchManager bm(c);
+  add(bm, 1, {1, 2, 3}, 10);
+  add(bm, 2, {4, 5, 6}, 10);
+  step(bm, {7, 8});  // both prompts: 3 + 3 tokens
+  add(bm, 3, {9, 9, 9, 9, 9, 9, 9, 9}, 4);
+  CHECK(bm.set_draft_tokens(1, Tokens{11, 12, 13}.data(), 3));
+  CHECK(bm.set_draft_tokens(2, Tokens{21, 22, 23}.data(), 3));
+  const ForwardMetadata& m = bm.schedule(0.0);
+  // 8 tokens: the two generation tokens, then request 1's 3 drafts, then request 2's 3; no
+  // token is left for request 3's prompt, which waits
+  CHECK_EQ(m.num_seqs, 2);
+  CHECK_EQ(head(m.query_start_loc, 3), (std::vector<int32_t>{0, 4, 8}));
+  CHECK_EQ(m.num_logits, 8);
+  CHECK_EQ(head(m.logits_offsets, 8), (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, 3}));
+  bm.rollback();
+}
+
+TEST(rollback_undoes_the_draft_blocks_and_drops_the_drafts) {
+  BatchManager bm(config(3));
+  add(bm, 1, {1, 2, 3, 4}, 20);
+  step(bm, {5});
+  const std::vector<BlockId> before = bm.block_table(1);
+  const int32_t free_before = bm.num_free_blocks();
+  CHECK(bm.set_draft_tokens(1, Tokens{6, 7, 8}.data(), 3));
+  CHECK_EQ(bm.schedule(0.0).num_tokens, 4);
+  CHECK(bm.block_table(1) != before);
+  CHECK(bm.rollback());
+  CHECK_EQ(bm.block_table(1), before);
+  CHECK_EQ(bm.num_free_blocks(), free_before);
+  bm.check_invariants();
+  CHECK_EQ(bm.schedule(0.0).num_tokens, 1);  // the drafts were for the undone step
+}
+
+TEST(set_draft_tokens_is_checked) {
+  BatchManagerConfig c = config(2);
+  c.vocab_size = 100;
+  BatchManager bm(c);
+  add(bm, 1, {1, 2, 3}, 5);
+  CHECK(!bm.set_draft_tokens(1, Tokens{4}.data(), 1));  // not generating yet
+  CHECK(!bm.set_draft_tokens(7, Tokens{4}.data(), 1));  // unknown
+  step(bm, {5});
+  CHECK_THROWS(bm.set_draft_tokens(1, Tokens{100}.data(), 1), std::invalid_argument,
+               "draft token id 100 is outside the vocabulary [0, 100)");
+  CHECK_THROWS(bm.set_max_draft_tokens(1, 3), std::invalid_argument,
+               "max_draft_tokens must be in [0, num_speculative_tokens=2], got 3");
+  CHECK_THROWS(bm.set_max_draft_tokens(1, -1), std::invalid_argument, "got -1");
+  CHECK(bm.set_max_draft_tokens(1, 0));  // this request never speculates
+  CHECK(bm.set_draft_tokens(1, Tokens{4}.data(), 1));
+  CHECK_EQ(bm.schedule(0.0).num_tokens, 1);
+  bm.rollback();
+  BatchManagerConfig bad = config(64);
+  CHECK_THROWS(BatchManager{bad}, std::invalid_argument,
+               "num_speculative_tokens must be in [0, max_num_tokens=64), got 64");
+  bad = config(2);
+  bad.prompt_lookup_min = 3;
+  bad.prompt_lookup_max = 2;
+  CHECK_THROWS(BatchManager{bad}, std::invalid_argument, "got 3 and 2");
+}
+
+TEST(prompt_lookup_drafts_are_proposed_by_schedule) {
+  BatchManager bm(config(3, /*ngram=*/true));
+  add(bm, 1, {1, 2, 3, 4, 1, 2, 3}, 20);
+  step(bm, {4});  // tokens 1 2 3 4 1 2 3 4: "1 2 3 4" occurred at 0, followed by 1 2 3
+  const ForwardMetadata& m = bm.schedule(0.0);
+  CHECK_EQ(head(m.input_ids, m.num_tokens), (Tokens{4, 1, 2, 3}));
+  bm.rollback();
+}
+
+namespace {
+
+// A deterministic "model": the next token of a sequence, a function of its last two tokens
+// over a small alphabet, so sequences fall into cycles that prompt lookup predicts -- and
+// leave them now and then (every 7th position), so drafts are also rejected.
+TokenId next_token(const Tokens& seq) {
+  const size_t n = seq.size();
+  const TokenId a = seq[n - 2], b = seq[n - 1];
+  return static_cast<TokenId>((a * 7 + b * 3 + (n % 7 == 0 ? 5 : 0)) % 11 + 1);
+}
+
+struct RunResult {
+  std::map<RequestId, Tokens> outputs;
+  std::vector<Tokens> sequences;  // prompt + output of every request
+  std::set<std::tuple<uint64_t, uint64_t, Tokens>> cached;  // (key, parent, tokens)
+  std::vector<CachedBlockRecord> records;
+  int32_t free_blocks = 0, reusable = 0;
+  int64_t drafted = 0, accepted = 0;
+};
+
+// Runs the prompts to completion, every logits row sampling next_token() of its sequence.
+RunResult run(const BatchManagerConfig& c, const std::vector<Tokens>& prompts, int32_t max_new) {
+  BatchManager bm(c);
+  std::map<RequestId, Tokens> seqs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    add(bm, static_cast<RequestId>(i + 1), prompts[i], max_new);
+    seqs[static_cast<RequestId>(i + 1)] = prompts[i];
+  }
+  RunResult out;
+  while (bm.has_unfinished()) {
+    const ForwardMetadata& m = bm.schedule(0.0);
+    Tokens sampled;
+    int32_t row = 0;
+    for (int32_t s = 0; s < m.num_seqs; ++s) {
+      const RequestId id = m.request_ids[s];
+      const int32_t q0 = m.query_start_loc[s], q1 = m.query_start_loc[s + 1];
+      Tokens seq = seqs[id];  // committed tokens; a generation row's drafts follow them
+      for (; row < m.num_logits && m.logits_request_ids[row] == id; ++row) {
+        const int32_t j = m.logits_offsets[row];
+        Tokens with_drafts = seq;
+        for (int32_t t = q0 + 1; t <= q0 + j && t < q1; ++t) with_drafts.push_back(m.input_ids[t]);
+        sampled.push_back(next_token(with_drafts));
+      }
+    }
+    bm.update(sampled.data(), static_cast<int32_t>(sampled.size()), 0.0);
+    const StepEvents& e = bm.events();
+    for (size_t i = 0; i < e.tokens.size(); ++i) seqs[e.output_request_ids[i]].push_back(e.tokens[i]);
+    for (size_t i = 0; i < e.tokens.size(); ++i)
+      if (e.finished[i]) {
+        const RequestInfo info = bm.request_info(e.output_request_ids[i]);
+        out.drafted += info.num_draft_tokens;
+        out.accepted += info.num_accepted_draft_tokens;
+      }
+    bm.free_finished();
+    bm.check_invariants();
+  }
+  for (const auto& kv : seqs) out.outputs[kv.first] = Tokens(kv.second.begin() + prompts[kv.first - 1].size(), kv.second.end());
+  for (const auto& kv : seqs) out.sequences.push_back(kv.second);
+  out.records = bm.export_cached_blocks();
+  for (const CachedBlockRecord& r : out.records) out.cached.insert({r.key, r.parent, r.tokens});
+  out.free_blocks = bm.num_free_blocks();
+  out.reusable = bm.num_reusable_blocks();
+  return out;
+}
+
+}  // namespace
+
+TEST(one_request_ends_with_exactly_the_blocks_and_keys_of_a_run_without_speculation) {
+  const std::vector<Tokens> prompts{{3, 5, 2, 9, 4, 4}};
+  const RunResult plain = run(config(0, false, true), prompts, 60);
+  const RunResult spec = run(config(3, true, true), prompts, 60);
+  CHECK_EQ(spec.outputs.at(1), plain.outputs.at(1));
+  CHECK(spec.accepted > 0 && spec.accepted < spec.drafted);  // some drafts accepted, some not
+  CHECK_EQ(spec.free_blocks, plain.free_blocks);
+  CHECK_EQ(spec.reusable, plain.reusable);
+  CHECK_EQ(spec.records.size(), plain.records.size());
+  for (size_t i = 0; i < std::min(spec.records.size(), plain.records.size()); ++i) {
+    CHECK_EQ(spec.records[i].block, plain.records[i].block);  // the same block ids, same order
+    CHECK_EQ(spec.records[i].key, plain.records[i].key);
+    CHECK_EQ(spec.records[i].tokens, plain.records[i].tokens);
+  }
+}
+
+namespace {
+
+// Every cached block's chain (its tokens and its ancestors') is a prefix of a request's
+// final sequence: nothing unverified was ever keyed.
+bool cached_chains_are_verified_prefixes(const RunResult& r) {
+  std::map<uint64_t, const CachedBlockRecord*> by_key;
+  for (const CachedBlockRecord& rec : r.records) by_key[rec.key] = &rec;
+  for (const CachedBlockRecord& rec : r.records) {
+    Tokens chain;
+    for (const CachedBlockRecord* p = &rec; p != nullptr;) {
+      chain.insert(chain.begin(), p->tokens.begin(), p->tokens.end());
+      auto it = by_key.find(p->parent);
+      p = it == by_key.end() ? nullptr : it->second;
+    }
+    bool found = false;
+    for (const Tokens& seq : r.sequences)
+      for (size_t off = 0; !found && off + chain.size() <= seq.size(); off += 4)  // a chain may lack its evicted head
+        found = std::equal(chain.begin(), chain.end(), seq.begin() + static_cast<std::ptrdiff_t>(off));
+    if (!found) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST(many_requests_with_shared_prefixes_cache_only_verified_tokens) {
+  const std::vector<Tokens> prompts{{3, 5, 2, 9, 4, 4, 1}, {3, 5, 2, 9, 4, 4, 7, 2}, {6, 1}, {3, 5, 2, 9, 8}};
+  for (CapacitySchedulerPolicy policy : {CapacitySchedulerPolicy::kGuaranteedNoEvict,
+                                         CapacitySchedulerPolicy::kMaxUtilization}) {
+    // a pool that evicts nothing (the same cached blocks as without speculation), and one
+    // that evicts (and, under max_utilization, pauses requests)
+    for (int32_t num_blocks : {128, 24}) {
+      BatchManagerConfig plain_c = config(0, false, true), spec_c = config(4, true, true);
+      plain_c.policy = spec_c.policy = policy;
+      plain_c.num_blocks = spec_c.num_blocks = num_blocks;
+      const RunResult plain = run(plain_c, prompts, 50);
+      const RunResult spec = run(spec_c, prompts, 50);
+      CHECK_EQ(spec.outputs.size(), prompts.size());
+      for (const auto& kv : plain.outputs) CHECK_EQ(spec.outputs.at(kv.first), kv.second);
+      CHECK(spec.accepted > 0);
+      CHECK_EQ(spec.free_blocks, plain.free_blocks);
+      CHECK(cached_chains_are_verified_prefixes(spec));
+      if (num_blocks == 128) CHECK(spec.cached == plain.cached);  // the same keys, parents and tokens
+    }
+  }
+}
+
+TEST_MAIN()
