@@ -12,8 +12,15 @@ std::vector<TokenId> propose_ngram(const std::vector<TokenId>& tokens, int32_t n
     // an occurrence at [p, p + n) with p + n < len, so that at least one token follows it
     for (int64_t p = len - n - 1; p >= 0; --p) {
       if (!std::equal(suffix, suffix + n, tokens.data() + p)) continue;
-      const int64_t from = p + n, to = std::min<int64_t>(from + k, len);
-      return std::vector<TokenId>(tokens.begin() + from, tokens.begin() + to);
+      // The tokens that followed it; where they run past the end, the match says the text
+      // repeats with period len - from, so the drafts continue that period (a recent match
+      // inside a repetition would otherwise propose a single token).
+      const int64_t from = p + n, period = len - from;
+      std::vector<TokenId> drafts(static_cast<size_t>(k));
+      for (int64_t i = 0; i < k; ++i)
+        drafts[static_cast<size_t>(i)] = from + i < len ? tokens[static_cast<size_t>(from + i)]
+                                                        : drafts[static_cast<size_t>(i - period)];
+      return drafts;
     }
   }
   return {};

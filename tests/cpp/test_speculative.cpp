@@ -54,10 +54,11 @@ Tokens step(BatchManager& bm, const Tokens& tokens) {
 TEST(ngram_proposer_takes_the_longest_most_recent_match) {
   CHECK_EQ(propose_ngram({1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3}, 1, 3, 2), (Tokens{7, 5}));  // the later "1 2 3"
   CHECK_EQ(propose_ngram({4, 5, 6, 4, 5}, 2, 3, 3), (Tokens{6, 4, 5}));  // runs into the suffix itself
-  CHECK_EQ(propose_ngram({4, 5, 6, 4, 5}, 2, 3, 9), (Tokens{6, 4, 5}));  // fewer than k follow
+  CHECK_EQ(propose_ngram({4, 5, 6, 4, 5}, 2, 3, 8), (Tokens{6, 4, 5, 6, 4, 5, 6, 4}));  // ... and on, period 3
   CHECK_EQ(propose_ngram({8, 1, 2, 9, 2}, 1, 3, 2), (Tokens{9, 2}));     // only the 1-gram "2" matches
   CHECK_EQ(propose_ngram({8, 1, 2, 9, 2}, 2, 3, 2), Tokens{});           // ... which is below n_min
-  CHECK_EQ(propose_ngram({3, 3}, 1, 3, 4), (Tokens{3}));
+  CHECK_EQ(propose_ngram({7, 3, 3, 3}, 2, 3, 4), (Tokens{3, 3, 3, 3}));  // a repeated token: period 1
+  CHECK_EQ(propose_ngram({3, 3}, 1, 3, 4), (Tokens{3, 3, 3, 3}));
   CHECK_EQ(propose_ngram({3}, 1, 3, 4), Tokens{});
   CHECK_EQ(propose_ngram({1, 2, 1, 2}, 1, 2, 0), Tokens{});
 }
