@@ -44,6 +44,8 @@ void fill_metadata(const pyengine::ForwardMetadata& m, pe_forward_metadata* out)
   out->logits_indices = m.logits_indices.data();
   out->logits_slots = m.logits_slots.data();
   out->logits_request_ids = m.logits_request_ids.data();
+  out->logits_offsets = m.logits_offsets.data();
+  out->num_draft_tokens = m.num_draft_tokens;
 }
 
 int32_t count(size_t n) { return static_cast<int32_t>(n); }
@@ -66,6 +68,10 @@ pe_batch_manager_config pe_batch_manager_config_default(void) {
   c.vocab_size = d.vocab_size;
   c.enable_block_reuse = d.enable_block_reuse ? 1 : 0;
   c.queue_policy = static_cast<int32_t>(d.queue_policy);
+  c.num_speculative_tokens = d.num_speculative_tokens;
+  c.ngram_drafts = d.ngram_drafts ? 1 : 0;
+  c.prompt_lookup_min = d.prompt_lookup_min;
+  c.prompt_lookup_max = d.prompt_lookup_max;
   return c;
 }
 
@@ -91,6 +97,10 @@ pe_status pe_batch_manager_create(const pe_batch_manager_config* config, pe_batc
     c.vocab_size = config->vocab_size;
     c.enable_block_reuse = config->enable_block_reuse != 0;
     c.queue_policy = static_cast<pyengine::QueuePolicy>(config->queue_policy);
+    c.num_speculative_tokens = config->num_speculative_tokens;
+    c.ngram_drafts = config->ngram_drafts != 0;
+    c.prompt_lookup_min = config->prompt_lookup_min;
+    c.prompt_lookup_max = config->prompt_lookup_max;
     *out = new pe_batch_manager(c);
     return ok();
   });
@@ -125,6 +135,24 @@ pe_status pe_batch_manager_add_request(pe_batch_manager* bm, int64_t id, const p
     const std::vector<int32_t> stops(params->stop_token_ids, params->stop_token_ids + params->num_stop_token_ids);
     bm->bm.add_request(id, params->prompt, params->prompt_len, params->max_new_tokens, params->end_id, stops,
                        params->min_new_tokens, now, params->priority, params->cache_salt, params->reuse_prefix != 0);
+    return ok();
+  });
+}
+
+pe_status pe_batch_manager_set_draft_tokens(pe_batch_manager* bm, int64_t id, const int32_t* tokens, int32_t n) {
+  return guarded([&] {
+    require(bm, "bm");
+    if (n < 0) throw Error{PE_ERR_INVALID_ARGUMENT, "n: must be >= 0, got " + std::to_string(n)};
+    if (n > 0) require(tokens, "tokens");
+    if (!bm->bm.set_draft_tokens(id, tokens, n)) unknown_request(id, " (or it is not generating)");
+    return ok();
+  });
+}
+
+pe_status pe_batch_manager_set_max_draft_tokens(pe_batch_manager* bm, int64_t id, int32_t n) {
+  return guarded([&] {
+    require(bm, "bm");
+    if (!bm->bm.set_max_draft_tokens(id, n)) unknown_request(id, "");
     return ok();
   });
 }
@@ -252,6 +280,8 @@ pe_status pe_batch_manager_request_info(const pe_batch_manager* bm, int64_t id, 
     out->first_scheduled_time = r.first_scheduled_time;
     out->first_token_time = r.first_token_time;
     out->finish_time = r.finish_time;
+    out->num_draft_tokens = r.num_draft_tokens;
+    out->num_accepted_draft_tokens = r.num_accepted_draft_tokens;
     return ok();
   });
 }

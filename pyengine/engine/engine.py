@@ -312,19 +312,16 @@ class Engine:
     # ---- state and resources -----------------------------------------------------------------
 
     @one_thread
-    def stats(self) -> dict[str, int | float | None]:
+    def stats(self) -> dict[str, int]:
         """Requests, KV blocks, sequence slots (num_slots, num_free_slots), prefix-reuse
-        totals and speculative-decoding totals (draft tokens verified and accepted, and their
-        ratio) now. Print it with pprint for one line a figure."""
+        totals and speculative-decoding totals (draft tokens verified and accepted) now. Print it with pprint for one line a figure."""
         bm = self._bm
         return {"num_requests": bm.num_requests, "num_waiting": bm.num_waiting, "num_active": bm.num_active,
                 "num_blocks": bm.num_blocks, "num_free_blocks": bm.num_free_blocks,
                 "num_reusable_blocks": bm.num_reusable_blocks, "num_slots": bm.num_slots,
                 "num_free_slots": bm.num_free_slots, "total_reused_tokens": bm.total_reused_tokens,
                 "num_reuse_hits": bm.num_reuse_hits, "num_draft_tokens": bm.total_draft_tokens,
-                "num_accepted_draft_tokens": bm.total_accepted_draft_tokens,
-                "draft_acceptance_rate": (bm.total_accepted_draft_tokens / bm.total_draft_tokens
-                                          if bm.total_draft_tokens else None)}
+                "num_accepted_draft_tokens": bm.total_accepted_draft_tokens}
 
     @one_thread
     def save_kv_cache(self, path: str | Path) -> dict[str, Any]:

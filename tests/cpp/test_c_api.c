@@ -316,8 +316,54 @@ static void test_kernels(void) {
                         strcmp(isa, "neon") == 0));
 }
 
+/* Speculative decoding through the C API: caller drafts, one logits row per token, the
+ * accepted drafts and the token after them as output entries, the rejected one rewound. */
+static void test_speculative_drafts(void) {
+  pe_batch_manager_config c = small_config();
+  pe_batch_manager* bm = NULL;
+  pe_forward_metadata m;
+  pe_step_events e;
+  pe_request_info info;
+  pe_request_params p = pe_request_params_default();
+  const int32_t prompt[5] = {10, 11, 12, 13, 14};
+  const int32_t drafts[3] = {21, 22, 23};
+  const int32_t first = 20, sampled[4] = {21, 22, 99, 50};
+  c.num_speculative_tokens = 3;
+  CHECK_OK(pe_batch_manager_create(&c, &bm));
+  p.prompt = prompt;
+  p.prompt_len = 5;
+  p.max_new_tokens = 10;
+  CHECK_OK(pe_batch_manager_add_request(bm, 1, &p, 0.0));
+  CHECK_ERROR(pe_batch_manager_set_draft_tokens(bm, 1, drafts, 3), PE_ERR_NOT_FOUND, "not generating");
+  CHECK_OK(pe_batch_manager_schedule(bm, 0.0, &m));
+  CHECK_OK(pe_batch_manager_update(bm, &first, 1, 0.0));
+  CHECK_OK(pe_batch_manager_set_draft_tokens(bm, 1, drafts, 3));
+  CHECK_OK(pe_batch_manager_schedule(bm, 0.0, &m));
+  CHECK(m.num_tokens == 4 && m.num_logits == 4 && m.num_draft_tokens == 3);
+  {
+    const int32_t inputs[4] = {20, 21, 22, 23}, offsets[4] = {0, 1, 2, 3};
+    check_ints("input_ids", m.input_ids, inputs, 4);
+    check_ints("logits_offsets", m.logits_offsets, offsets, 4);
+  }
+  CHECK_OK(pe_batch_manager_update(bm, sampled, 4, 0.0));
+  CHECK_OK(pe_batch_manager_events(bm, &e));
+  CHECK(e.num_outputs == 3);
+  {
+    const int32_t tokens[3] = {21, 22, 99}, rows[3] = {0, 1, 2};
+    check_ints("tokens", e.tokens, tokens, 3);
+    check_ints("logits_rows", e.logits_rows, rows, 3);
+  }
+  CHECK_OK(pe_batch_manager_request_info(bm, 1, &info));
+  CHECK(info.num_computed_tokens == 8 && info.num_draft_tokens == 3 && info.num_accepted_draft_tokens == 2);
+  CHECK_ERROR(pe_batch_manager_set_max_draft_tokens(bm, 1, 4), PE_ERR_INVALID_ARGUMENT, "num_speculative_tokens=3");
+  CHECK_OK(pe_batch_manager_set_max_draft_tokens(bm, 1, 0));
+  CHECK_OK(pe_batch_manager_check_invariants(bm));
+  pe_batch_manager_free(bm);
+}
+
 int main(void) {
   test_schedule_update_loop();
+  test_speculative_drafts();
   test_bad_input();
   test_kernels();
   if (failures != 0) {

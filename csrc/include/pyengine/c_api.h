@@ -85,6 +85,12 @@ typedef struct pe_batch_manager_config {
   int32_t vocab_size;    /* > 0: prompt token ids are range-checked */
   int32_t enable_block_reuse;
   int32_t queue_policy;  /* pe_queue_policy */
+  /* speculative decoding (docs/speculative_decoding.md): draft tokens a step of a request may
+   * carry (0: off); whether schedule proposes them by prompt lookup, and its n-gram sizes */
+  int32_t num_speculative_tokens;
+  int32_t ngram_drafts;
+  int32_t prompt_lookup_min;
+  int32_t prompt_lookup_max;
 } pe_batch_manager_config;
 
 /* The C++ defaults (num_blocks 0: set it). Thread-safe. */
@@ -123,6 +129,15 @@ pe_request_params pe_request_params_default(void);
 pe_status pe_batch_manager_add_request(pe_batch_manager* bm, int64_t id, const pe_request_params* params,
                                        double now);
 
+/* Speculative decoding: draft tokens for request `id`'s next step instead of the n-gram
+ * proposer's (e.g. a draft model's), as BatchManager::set_draft_tokens. PE_ERR_NOT_FOUND if
+ * unknown or not generating; PE_ERR_INVALID_ARGUMENT for a token outside the vocabulary. */
+pe_status pe_batch_manager_set_draft_tokens(pe_batch_manager* bm, int64_t id, const int32_t* tokens, int32_t n);
+
+/* The most draft tokens a step of request `id` may carry (0: it never speculates).
+ * PE_ERR_NOT_FOUND if unknown; PE_ERR_INVALID_ARGUMENT outside [0, num_speculative_tokens]. */
+pe_status pe_batch_manager_set_max_draft_tokens(pe_batch_manager* bm, int64_t id, int32_t n);
+
 /* Marks request `id` to be dropped at the next schedule. PE_ERR_NOT_FOUND if unknown. */
 pe_status pe_batch_manager_abort(pe_batch_manager* bm, int64_t id);
 
@@ -135,7 +150,8 @@ pe_status pe_batch_manager_finish_request(pe_batch_manager* bm, int64_t id, int3
  * those of the last schedule until the next one. Per token: input_ids, positions, slot_mapping
  * [num_tokens]; per sequence: query_start_loc [num_seqs + 1], seq_lens, seq_slots, request_ids
  * [num_seqs], block_tables [num_seqs * max_blocks_per_seq] (rows padded); per logits row:
- * logits_indices, logits_slots, logits_request_ids [num_logits]. */
+ * logits_indices, logits_slots, logits_request_ids, logits_offsets [num_logits]. A generation
+ * sequence with draft tokens has one logits row per token (offsets 0, 1, ...). */
 typedef struct pe_forward_metadata {
   int32_t num_tokens;
   int32_t num_seqs;
@@ -153,6 +169,8 @@ typedef struct pe_forward_metadata {
   const int32_t* logits_indices;
   const int32_t* logits_slots;
   const int64_t* logits_request_ids;
+  const int32_t* logits_offsets;
+  int32_t num_draft_tokens;
 } pe_forward_metadata;
 
 /* Schedules one step and fills *out (may be NULL: read it later with pe_batch_manager_metadata).
@@ -185,7 +203,8 @@ typedef struct pe_step_events {
   int32_t num_assigned;         /* given a sequence slot by schedule */
   const int64_t* assigned;
   const int32_t* assigned_slots;
-  int32_t num_outputs;          /* update: one entry per request that produced a token */
+  int32_t num_outputs;          /* update: one entry per token produced (several, in order, for a
+                                   request that accepted draft tokens; `finished` on its last) */
   const int64_t* output_request_ids;
   const int32_t* logits_rows;
   const int32_t* tokens;
@@ -225,6 +244,8 @@ typedef struct pe_request_info {
   double first_scheduled_time; /* -1: not yet */
   double first_token_time;
   double finish_time;
+  int64_t num_draft_tokens;   /* speculative decoding: verified ... */
+  int64_t num_accepted_draft_tokens; /* ... and accepted */
 } pe_request_info;
 
 /* PE_ERR_NOT_FOUND for an unknown id. */
