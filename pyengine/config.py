@@ -171,12 +171,15 @@ class SpeculativeConfig:
     method: "ngram" (prompt lookup: the tokens that followed the most recent earlier
         occurrence of the request's last n tokens, n from prompt_lookup_max down to
         prompt_lookup_min; no second model).
-    num_speculative_tokens: the most draft tokens a step of one request carries.
+    num_speculative_tokens: the most draft tokens a step of one request carries. Each draft is
+        one more query row in the forward: on the CPU keep 1 + k within the rows the
+        one-call decode path takes (startup_report()["cpu_one_call_decode_max_rows"]: 16 in
+        fp32, 4 in bf16 on CPUs with AMX), past which a step costs much more.
     prompt_lookup_min, prompt_lookup_max: the n-gram sizes tried ("ngram").
     """
 
     method: str = "ngram"
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = 3
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
 

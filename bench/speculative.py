@@ -1,0 +1,98 @@
+"""Speculative decoding with prompt lookup (SpeculativeConfig(method="ngram")) at batch 1, on
+smollm-135m-shape: decode tokens/s with and without it, measured alternately in the same
+run (median of --runs), with the draft acceptance and the outputs compared. Three workloads,
+each one request of a 128-token prompt and 128 generated tokens:
+
+- repeating: W2's request, greedy. This random-weight model's greedy output falls into a
+  repetition within a few tokens, which prompt lookup predicts (the best case: outputs that
+  restate their input or themselves).
+- no match: W2's request sampled at temperature 1 (seeded): the output does not repeat,
+  lookup finds nothing, no draft is proposed (what speculation costs when it has nothing).
+- wrong drafts: W2's request sampled at temperature 1, every step carrying k drafts that
+  are all rejected (set through the batch manager's set_draft_tokens, as a draft model
+  would: k copies of a token the sample almost never is): the worst case, what a step's k
+  rejected drafts cost.
+
+    python bench/speculative.py                  # float32, k = 4
+    python bench/speculative.py --dtype bfloat16 --k 4 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import (BENCH_THREADS, SMOLLM_VOCAB, machine_info, median, set_threads,  # noqa: E402
+                          smollm_checkpoint, w2_request)
+
+
+def workloads() -> list[tuple[str, list[int], float, bool]]:
+    """(name, prompt, temperature, forced wrong drafts)."""
+    w2 = w2_request().prompt_token_ids
+    return [("repeating (greedy)", w2, 0.0, False), ("no match (T=1)", w2, 1.0, False),
+            ("wrong drafts (T=1)", w2, 1.0, True)]
+
+
+def decode_rate(engine, prompt: list[int], temperature: float, new_tokens: int, wrong_drafts: bool = False):
+    """Decode tokens/s after the first token, and the final output."""
+    from pyengine import SamplingParams
+
+    params = SamplingParams(temperature=temperature, seed=1, max_tokens=new_tokens, ignore_eos=True)
+    k = engine.config.speculative_config.num_speculative_tokens if wrong_drafts else 0
+    request_id = engine.add_request(prompt, params)
+    core_id = engine._requests.core_id(request_id)
+    first = last = None
+    while engine.has_unfinished_requests():
+        if k and last is not None and not last.finished:
+            engine._bm.set_draft_tokens(core_id, [SMOLLM_VOCAB - 1] * k)
+        for out in engine.step():
+            if first is None:
+                first = time.perf_counter()
+            last = out
+    return (new_tokens - 1) / (time.perf_counter() - first), last
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--new-tokens", type=int, default=128)
+    args = p.parse_args(argv)
+    set_threads(BENCH_THREADS)
+    from pyengine import Engine, KvCacheConfig, SchedulerConfig, SpeculativeConfig
+
+    model_dir = smollm_checkpoint()
+
+    def engine(spec):
+        return Engine(model_dir, dtype=args.dtype, max_seq_len=512, speculative_config=spec,
+                      kv_cache_config=KvCacheConfig(max_tokens=2048, enable_block_reuse=False),
+                      scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=512))
+
+    plain, spec = engine(None), engine(SpeculativeConfig(num_speculative_tokens=args.k))
+    print(f"Speculative decoding (prompt lookup, k={args.k}), batch 1, smollm-135m-shape {args.dtype}, "
+          f"{machine_info()['cpu']}, {BENCH_THREADS} threads; median of {args.runs}")
+    print("| workload | without tok/s | with tok/s | ratio | drafts accepted / verified | outputs equal |")
+    print("|---|---|---|---|---|---|")
+    for name, prompt, temperature, wrong in workloads():
+        decode_rate(plain, prompt, temperature, args.new_tokens)  # warm-up
+        decode_rate(spec, prompt, temperature, args.new_tokens, wrong)
+        a, b = [], []
+        for _ in range(args.runs):  # alternating, so that a slow phase of the machine hits both
+            a.append(decode_rate(plain, prompt, temperature, args.new_tokens))
+            b.append(decode_rate(spec, prompt, temperature, args.new_tokens, wrong))
+        ra, rb = median([x[0] for x in a]), median([x[0] for x in b])
+        m = b[-1][1].metrics
+        equal = all(x[1].token_ids == y[1].token_ids for x, y in zip(a, b))
+        print(f"| {name} | {ra:.1f} | {rb:.1f} | {rb / ra:.2f}x | {m.num_accepted_draft_tokens} / "
+              f"{m.num_draft_tokens} | {'yes' if equal else 'NO'} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
