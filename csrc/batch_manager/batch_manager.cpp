@@ -253,8 +253,11 @@ void BatchManager::Impl::propose_drafts() {
     const int32_t limit = draft_limit(*r);
     if (!r->drafts_from_caller) {
       r->draft_tokens.clear();
-      if (config_.ngram_drafts && limit > 0)
+      if (r->draft_pause > 0) {
+        --r->draft_pause;  // backing off (Request::draft_misses)
+      } else if (config_.ngram_drafts && limit > 0) {
         r->draft_tokens = propose_ngram(r->tokens, config_.prompt_lookup_min, config_.prompt_lookup_max, limit);
+      }
     } else if (static_cast<int32_t>(r->draft_tokens.size()) > limit) {
       r->draft_tokens.resize(static_cast<size_t>(limit));
     }
@@ -531,6 +534,10 @@ int32_t BatchManager::Impl::update_generation(Request* r, const TokenId* tokens,
   }
   r->num_draft_tokens += drafts;
   r->num_accepted_draft_tokens += accepted;
+  if (drafts > 0 && !r->drafts_from_caller) {
+    r->draft_misses = accepted > 0 ? 0 : r->draft_misses + 1;
+    if (r->draft_misses >= 2) r->draft_pause = 1 << std::min(r->draft_misses - 2, 6);
+  }
   total_draft_tokens_ += drafts;
   total_accepted_draft_tokens_ += accepted;
   r->clear_drafts();

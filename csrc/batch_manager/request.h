@@ -51,6 +51,11 @@ struct Request {
   int32_t max_draft_tokens = 0;
   int64_t num_draft_tokens = 0;
   int64_t num_accepted_draft_tokens = 0;
+  // Prompt lookup backs off from a request whose drafts keep failing: after 2 verifications
+  // in a row that accepted nothing it proposes nothing for 1, then 2, 4, ... 64 steps, until
+  // a verification accepts a draft again.
+  int32_t draft_misses = 0;
+  int32_t draft_pause = 0;
 
   double arrival_time;
   double first_scheduled_time = -1.0;

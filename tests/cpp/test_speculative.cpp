@@ -354,4 +354,33 @@ TEST(many_requests_with_shared_prefixes_cache_only_verified_tokens) {
   }
 }
 
+TEST(prompt_lookup_backs_off_from_a_request_whose_drafts_keep_failing) {
+  // The "model" alternates token 3 with a fresh token: whenever the sequence ends in 3, the
+  // 1-gram lookup finds the previous 3 and drafts the fresh token that followed it -- always
+  // wrong. After 2 misses in a row the request pauses proposing for 1, 2, 4, ... steps.
+  BatchManagerConfig c = config(1, /*ngram=*/true);
+  c.prompt_lookup_min = c.prompt_lookup_max = 1;
+  BatchManager bm(c);
+  add(bm, 1, {3, 50}, 100);
+  int32_t fresh = 200;
+  Tokens seq{3, 50};
+  std::vector<int32_t> drafted_at;
+  for (int32_t s = 0; s < 40 && bm.has_unfinished(); ++s) {
+    const ForwardMetadata& m = bm.schedule(0.0);
+    if (m.num_draft_tokens > 0) drafted_at.push_back(s);
+    Tokens sampled;
+    for (int32_t row = 0; row < m.num_logits; ++row)  // the next token after each row's prefix
+      sampled.push_back(seq.back() == 3 && row == 0 ? fresh : (row == 0 ? 3 : fresh + 1));
+    bm.update(sampled.data(), m.num_logits, 0.0);
+    for (TokenId t : bm.events().tokens) seq.push_back(t);
+    if (seq.back() != 3) ++fresh;
+    bm.check_invariants();
+  }
+  // Step 0 computes the prompt; the sequence ends in 3 before every odd step. Drafts at 1 and
+  // 3 (misses 1, 2: pause 1 step, the 4th), 5 (miss 3: pause 2, steps 6-7), 9 (pause 4, steps
+  // 10-13), 15 (pause 8, steps 16-23), 25 (pause 16): without the back-off, every odd step.
+  CHECK_EQ(drafted_at, (std::vector<int32_t>{1, 3, 5, 9, 15, 25}));
+  CHECK_EQ(bm.request_info(1).num_accepted_draft_tokens, int64_t{0});
+}
+
 TEST_MAIN()
