@@ -5,7 +5,8 @@
 // the spare blocks filled with NaN, so a kernel that touched them would return NaN), query and
 // output rows with padding (the output padding must keep its sentinel), fp32 / bf16 / fp16
 // queries and caches: decode rows, a prefill chunk after earlier KV, a full prefill, a sequence
-// with no query rows in the batch, MHA / GQA / MQA, head_dim 64, 80, 40 and 12, a sliding window
+// with no query rows in the batch, MHA / GQA / MQA, head_dim 64, 80, 96, 128, 40 and 12, up to
+// 9 query heads per KV head, a sliding window
 // (with the blocks no query can see absent from the block table), a long context that the
 // kernel splits across threads (split-K), 1 and 3 threads; logit soft-capping (softcap * tanh(s /
 // softcap), with caps small enough that the scores reach tanh's flat part) with and without a
@@ -104,6 +105,11 @@ const std::vector<Shape>& shapes() {
        {{700, 1}, {520, 2}}},
       {"long prefill chunk with sliding window 100, GQA 8:2, head_dim 64", 8, 2, 64, 16, 100,
        {{300, 40}}},
+      // the decode kernel takes row groups of 4 and head_dim in pieces of 64 (AVX-512) / 16 (AVX2)
+      {"decode rows, GQA 18:2 (9 rows per KV head: groups of 4, 4, 1), head_dim 128, 8 tokens per block",
+       18, 2, 128, 8, 0, {{1, 1}, {31, 1}, {32, 1}, {33, 1}, {97, 1}, {130, 1}}},
+      {"decode rows with sliding window 40 across chunk edges, GQA 6:2, head_dim 96", 6, 2, 96, 16, 40,
+       {{100, 1}, {41, 1}, {64, 1}, {39, 1}}},
       {"head_dim 40 and 3 tokens per block, GQA 6:3", 6, 3, 40, 3, 0, {{20, 7}, {9, 1}}},
       {"head_dim 12, MQA 2:1", 2, 1, 12, 16, 0, {{37, 5}, {2, 2}}},
       // scores up to ~1.5 here: a cap of 0.4 takes tanh far into its flat part, 2.5 barely bends it

@@ -79,7 +79,7 @@ inline int64_t attention_scratch_floats(int32_t max_rows, int32_t head_dim,
                     + 2 * static_cast<int64_t>(max_rows)           // running max / sum
                     + max_rows * attention_score_stride(tokens_per_block)  // scores
                     + 2 * static_cast<int64_t>(tokens_per_block) * head_dim  // K, V block fp32
-                    + (head_dim > 64 ? 16 * static_cast<int64_t>(head_dim) : 1024);  // AVX-512 staging
+                    + (head_dim > 64 ? 16 * static_cast<int64_t>(head_dim) : 1024);  // SIMD staging (decode: 4 x 16 x 16)
   return (f + 15) / 16 * 16 + 16;  // keep each thread's slice 64-byte aligned, plus a gap
 }
 

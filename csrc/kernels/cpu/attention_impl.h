@@ -645,7 +645,10 @@ static void avx512_tile(const float* Q, int32_t M, int32_t G, int32_t pos0, int3
     tile_pv<4>(S + r * ss, ss, V, acc + static_cast<int64_t>(r) * d, tb0, tb1, d);
   for (; r < M; ++r) tile_pv<1>(S + r * ss, ss, V, acc + static_cast<int64_t>(r) * d, tb0, tb1, d);
 }
+
 #endif  // PYENGINE_ATTN_AVX512
+
+#include "attention_decode.h"
 
 // ---- one work item ----
 
@@ -696,7 +699,16 @@ static void run_item(const AttnParams& p, const WorkItem& it, float* scratch) {
   const KV* vbase = static_cast<const KV*>(p.v_cache);
   const int32_t* btab = p.block_tables + static_cast<int64_t>(s) * p.max_blocks_per_seq;
 
-  for (int32_t b = lo / T; b * T < hi; ++b) {
+  bool decoded = false;
+#ifdef PYENGINE_ATTN_DECODE
+  if (nq == 1 && D % 16 == 0) {  // one query position: the chunked decode kernel
+    const int32_t vis_lo = W > 0 ? pos0 - W + 1 : 0;
+    decode_rows<DecodeVec, KV>(Q, G, kbase, vbase, btab, T, H, it.kv_head, imax(lo, vis_lo),
+                               imin(hi, pos0 + 1), D, cap, acc, mrow, lrow, stage);
+    decoded = true;
+  }
+#endif
+  for (int32_t b = lo / T; !decoded && b * T < hi; ++b) {
     const int32_t bstart = b * T;
     const int32_t tb0 = imax(lo, bstart) - bstart;
     const int32_t tb1 = imin(hi, bstart + T) - bstart;
