@@ -1,4 +1,4 @@
-"""Torch-facing fused elementwise CPU kernels for decode steps: RMSNorm (with the residual add
+"""Torch-facing fused elementwise CPU kernels: RMSNorm (with the residual add
 before it), rotary embedding in place, SiLU·mul; float32, bfloat16 or float16.
 
 Each equals the sequence of torch operations it replaces in ``pyengine/models/llama.py`` (same
@@ -19,8 +19,9 @@ __all__ = ["rms_norm", "add_rms_norm", "rotary_embedding_", "silu_mul", "SUPPORT
 
 SUPPORTED_DTYPES = tuple(DTYPE_CODES)
 
-#: The model uses these kernels for batches of at most this many rows: their loops are plain
-#: (scalar exp), so for prefill torch's vectorized operations are faster.
+#: SiLU·mul runs here for batches of at most this many rows (its exp is scalar, so for prefill
+#: torch's vectorized operation is faster); RMSNorm and RoPE run here at every size, except
+#: that with ``exact_fp32`` larger batches keep torch's RMSNorm.
 MAX_ROWS = 15
 
 
