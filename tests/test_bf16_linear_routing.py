@@ -1,8 +1,8 @@
 """Which linear-layer path a bf16 model on the CPU takes. Without bf16 instructions: the pyengine
 kernel (pyengine.layers.linear.linear_bf16) for fewer than EMULATED_BF16_MIN_ROWS (65) rows, the
 tied lm_head included; fp32 GEMMs from there on. With them (AVX512-BF16/AMX): the kernel up to
-NATIVE_BF16_KERNEL_MAX_ROWS rows (decode, where it streams the weights faster than torch's bf16
-GEMM), torch's bf16 GEMM above."""
+NATIVE_BF16_KERNEL_MAX_ROWS rows (8; NATIVE_BF16_KERNEL_MAX_ROWS_AMX = 4 with AMX: decode, where it
+streams the weights faster than torch's bf16 GEMM), torch's bf16 GEMM above."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import torch
 
 import pyengine.layers.linear as linear_layer
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
-from pyengine.layers.cpu_features import EMULATED_BF16_MIN_ROWS, NATIVE_BF16_KERNEL_MAX_ROWS
+import pyengine.layers.cpu_features as cpu_features
+from pyengine.layers.cpu_features import (EMULATED_BF16_MIN_ROWS, NATIVE_BF16_KERNEL_MAX_ROWS,
+                                         NATIVE_BF16_KERNEL_MAX_ROWS_AMX, bf16_kernel_max_rows)
 from pyengine.layers.linear import MAX_ROWS
 
 
@@ -74,18 +76,30 @@ def test_with_bf16_instructions_the_kernel_takes_decode_batches_only(checkpoint_
     monkeypatch.setattr(linear_layer.F, "linear", spy_torch)
     engine = Engine(model_dir, dtype="bfloat16", max_seq_len=128,
                     kv_cache_config=KvCacheConfig(max_tokens=512),
-                    scheduler_config=SchedulerConfig(max_batch_size=8, max_num_tokens=128))
+                    scheduler_config=SchedulerConfig(max_batch_size=12, max_num_tokens=128))
     model = engine._runner.model
-    assert not model.emulate_bf16 and model.bf16_kernel_max_rows == NATIVE_BF16_KERNEL_MAX_ROWS
+    max_rows = bf16_kernel_max_rows()  # 4 or 8, by whether this CPU has AMX
+    assert max_rows in (NATIVE_BF16_KERNEL_MAX_ROWS, NATIVE_BF16_KERNEL_MAX_ROWS_AMX)
+    assert not model.emulate_bf16 and model.bf16_kernel_max_rows == max_rows
     assert engine._runner.cpu_decode is not None
-    assert engine._runner.cpu_decode.max_rows == NATIVE_BF16_KERNEL_MAX_ROWS
+    assert engine._runner.cpu_decode.max_rows == max_rows
     engine._runner.cpu_decode = None  # the Python forward's routing
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     # prefill: 6 + 7 rows (torch); decode: 2 rows (the kernel)
     out = engine.generate([list(range(1, 7)), list(range(5, 12))], params, use_tqdm=False)
     assert [len(r.token_ids) for r in out] == [3, 3]
-    # six requests: decode batches of 6 rows (torch)
-    out = engine.generate([[i + 1, i + 2] for i in range(6)], params, use_tqdm=False)
-    assert [len(r.token_ids) for r in out] == [3] * 6
-    assert 2 in kernel_rows and all(1 <= rows <= NATIVE_BF16_KERNEL_MAX_ROWS for rows in kernel_rows)
-    assert {13, 6, 12} <= set(torch_rows) and all(rows > NATIVE_BF16_KERNEL_MAX_ROWS for rows in torch_rows)
+    # twelve requests: prefill 24 rows, decode batches of 12 rows (torch)
+    out = engine.generate([[i + 1, i + 2] for i in range(12)], params, use_tqdm=False)
+    assert [len(r.token_ids) for r in out] == [3] * 12
+    assert 2 in kernel_rows and all(1 <= rows <= max_rows for rows in kernel_rows)
+    assert {13, 24, 12} <= set(torch_rows) and all(rows > max_rows for rows in torch_rows)
+
+
+def test_the_native_bf16_row_limit_is_lower_with_amx(monkeypatch):
+    monkeypatch.setenv("PYENGINE_BF16_MATMUL", "auto")
+    for flags, expected in (({"avx512f", "avx512_bf16", "amx_bf16"}, NATIVE_BF16_KERNEL_MAX_ROWS_AMX),
+                            ({"avx512f", "avx512_bf16"}, NATIVE_BF16_KERNEL_MAX_ROWS),
+                            ({"avx2", "fma"}, EMULATED_BF16_MIN_ROWS - 1)):
+        monkeypatch.setattr(cpu_features, "cpu_flags", lambda flags=flags: frozenset(flags))
+        assert bf16_kernel_max_rows() == expected, flags
+    assert (NATIVE_BF16_KERNEL_MAX_ROWS_AMX, NATIVE_BF16_KERNEL_MAX_ROWS) == (4, 8)

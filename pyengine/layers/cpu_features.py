@@ -24,9 +24,12 @@ _REPORTED_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "av
 EMULATED_BF16_MIN_ROWS = 65
 # bf16 weights on a CPU with bf16 instructions (AVX512-BF16/AMX): torch's bf16 GEMM costs about
 # the same 40-120 us from 1 to 16 rows (smollm-135m-shape's layers, 2 threads), while linear_bf16
-# streams the weights at memory speed: 2.0-2.5x faster at 1-2 rows, equal at 4, 0.6x at 8
-# (measured on a Xeon with AMX). Up to this many rows the kernel (and the one-call decode path).
-NATIVE_BF16_KERNEL_MAX_ROWS = 4
+# streams the weights at memory speed. With AMX (measured on a Xeon): 2.0-2.5x faster at 1-2 rows,
+# equal at 4, 0.6x at 8. With AVX512-BF16 and no AMX (an AMD EPYC; the layers' weights read from
+# DRAM): 3.4x at 1 row, 1.5x at 4, 1.3x at 8, 0.7x at 12. Up to this many rows the kernel (and the
+# one-call decode path):
+NATIVE_BF16_KERNEL_MAX_ROWS_AMX = 4
+NATIVE_BF16_KERNEL_MAX_ROWS = 8  # AVX512-BF16 without AMX
 # fp32 weights: up to this many rows pyengine's linear_f32 (at 16 rows 1.1-1.3x torch's sgemm on
 # the same machine; from 32 rows torch's sgemm is faster).
 FAST_FP32_MAX_ROWS = 16
@@ -35,8 +38,10 @@ FAST_FP32_MAX_ROWS = 16
 def bf16_kernel_max_rows() -> int:
     """Rows up to which bf16 linears on the CPU use pyengine's linear_bf16: every batch below
     the fp32-GEMM threshold where bf16 matrix work is emulated, small decode batches where it is
-    native (see native_bf16_matmul)."""
-    return NATIVE_BF16_KERNEL_MAX_ROWS if native_bf16_matmul() else EMULATED_BF16_MIN_ROWS - 1
+    native (see native_bf16_matmul): fewer with AMX, whose GEMM is faster from fewer rows on."""
+    if not native_bf16_matmul():
+        return EMULATED_BF16_MIN_ROWS - 1
+    return NATIVE_BF16_KERNEL_MAX_ROWS_AMX if "amx_bf16" in cpu_flags() else NATIVE_BF16_KERNEL_MAX_ROWS
 
 
 @functools.lru_cache(maxsize=1)
