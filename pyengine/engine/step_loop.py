@@ -193,6 +193,8 @@ class StepLoop:
         owed -- an updated step's (overlap), then the aborts' -- wait for the next step."""
         bm = self.bm
         events = None
+        if self._budget_ms is not None:
+            self._price_with_current_fit()
         try:
             num_tokens, num_seqs, num_logits = bm.schedule(time.monotonic(), self._budget_ms)
             events = bm.events()
@@ -393,10 +395,15 @@ class StepLoop:
     # ---- timings --------------------------------------------------------------------------------
 
     def _learn_step_cost(self, shape: tuple[int, int, int], ms: float) -> None:
-        """One measured step corrects the cost model; the batch manager takes the new fit."""
+        """One measured step corrects the cost model (the fit is solved when a budgeted step
+        needs it: _price_with_current_fit)."""
         self.step_cost.observe(*shape, ms)
-        m = self.step_cost.scheduled
-        self.bm.set_step_cost_model(m.fixed_ms, m.per_seq_ms, m.per_token_ms, m.per_kpair_ms)
+
+    def _price_with_current_fit(self) -> None:
+        """Before a budgeted schedule: the batch manager takes the fit of the steps so far."""
+        if self.step_cost is not None and self.step_cost.changed:
+            m = self.step_cost.scheduled
+            self.bm.set_step_cost_model(m.fixed_ms, m.per_seq_ms, m.per_token_ms, m.per_kpair_ms)
 
     def _account(self, schedule: float, forward: float, sample: float, update: float) -> None:
         t = self._timings
