@@ -21,7 +21,7 @@ SUPPORTED_DTYPES = tuple(DTYPE_CODES)
 
 #: SiLU·mul runs here for batches of at most this many rows (its exp is scalar, so for prefill
 #: torch's vectorized operation is faster); RMSNorm and RoPE run here at every size, except
-#: that with ``exact_fp32`` larger batches keep torch's RMSNorm.
+#: that with ``exact_fp32`` larger batches keep torch's RMSNorm and RoPE.
 MAX_ROWS = 15
 
 

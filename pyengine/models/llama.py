@@ -141,12 +141,13 @@ class LlamaFamilyModel:
         # batches on the CPU take pyengine's linear_f32 (the same sums in another order), unless
         # exact_fp32 asks for torch's (and transformers') rounding.
         self.fast_fp32 = dtype == torch.float32 and weights_on_cpu(self.embed) and not exact_fp32
-        # On the CPU, RMSNorm (+ residual add), RoPE and SiLU-mul of small batches run as one
-        # C++ call each (pyengine/cpu_elementwise.py), rounding as torch's operations do.
+        # On the CPU, RMSNorm (+ residual add), RoPE and SiLU-mul of decode batches (up to MAX_ROWS)
+        # run as one C++ call each (pyengine/cpu_elementwise.py), rounding as torch's operations do.
         self.fused_elementwise = dtype in cpu_elementwise.SUPPORTED_DTYPES and weights_on_cpu(self.embed)
         # The norm and RoPE kernels are faster than torch's operations at every size (RMSNorm ~3x,
         # RoPE 1.4-14x at 2048 rows), so prefill takes them too -- except with exact_fp32, where
-        # batches above MAX_ROWS keep torch's RMSNorm (its sum of squares may round differently).
+        # batches above MAX_ROWS keep torch's RMSNorm (its sum of squares may round differently)
+        # and, with it, torch's RoPE.
         self.fused_elementwise_any_rows = self.fused_elementwise and not exact_fp32
         # weights in llama.cpp's block formats (pyengine/quant), computed with fp32 activations
         self.quantized = any(isinstance(w, QuantizedWeight) for layer in self.layers for w in layer.values()) \

@@ -645,7 +645,6 @@ static void avx512_tile(const float* Q, int32_t M, int32_t G, int32_t pos0, int3
     tile_pv<4>(S + r * ss, ss, V, acc + static_cast<int64_t>(r) * d, tb0, tb1, d);
   for (; r < M; ++r) tile_pv<1>(S + r * ss, ss, V, acc + static_cast<int64_t>(r) * d, tb0, tb1, d);
 }
-
 #endif  // PYENGINE_ATTN_AVX512
 
 #include "attention_decode.h"
