@@ -158,7 +158,7 @@ class SchedulerConfig:
             raise ValueError(f"queue_policy must be one of {QUEUE_POLICIES}, got {self.queue_policy!r}")
 
 
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft_model")
 
 
 @dataclass
@@ -170,22 +170,36 @@ class SpeculativeConfig:
 
     method: "ngram" (prompt lookup: the tokens that followed the most recent earlier
         occurrence of the request's last n tokens, n from prompt_lookup_max down to
-        prompt_lookup_min; no second model).
+        prompt_lookup_min; no second model), or "draft_model" (a smaller model with the
+        target's vocabulary, `draft_model`, proposes them; its KV pool is counted in the KV
+        capacity).
     num_speculative_tokens: the most draft tokens a step of one request carries. Each draft is
         one more query row in the forward: on the CPU keep 1 + k within the rows the
         one-call decode path takes (startup_report()["cpu_one_call_decode_max_rows"]: 16 in
         fp32, 4 in bf16 on CPUs with AMX), past which a step costs much more.
     prompt_lookup_min, prompt_lookup_max: the n-gram sizes tried ("ngram").
+    draft_model: the draft model's Hugging Face checkpoint directory ("draft_model"; its
+        tokenizer must be the target's). It runs in the engine's dtype, on the CPU.
     """
 
     method: str = "ngram"
     num_speculative_tokens: int = 3
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
+    draft_model: str | Path | None = None
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
+        if self.method == "draft_model":
+            if self.draft_model is None:
+                raise ValueError("speculative method 'draft_model' needs draft_model=<checkpoint directory>")
+            if not isinstance(self.draft_model, (str, Path)):
+                raise TypeError(f"draft_model must be a path, got {self.draft_model!r}")
+            self.draft_model = Path(self.draft_model)
+        elif self.draft_model is not None:
+            raise ValueError(f"draft_model={str(self.draft_model)!r} is for method='draft_model', "
+                             f"not {self.method!r}")
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -13,7 +13,7 @@ import torch
 import pyengine.core._core as _core
 from pyengine import Engine, cpu_info
 from pyengine.layers.cpu_features import set_cpu_isa
-from pyengine.testing.checkpoints import build_tiny_checkpoint
+from pyengine.testing.checkpoints import build_tiny_checkpoint, build_truncated_checkpoint
 
 torch.set_num_threads(2)
 
@@ -70,6 +70,21 @@ def checkpoint_factory(tmp_path_factory):
 @pytest.fixture(scope="session")
 def llama_dir(checkpoint_factory) -> Path:
     return checkpoint_factory("llama_gqa", model_type="llama", num_heads=4, num_kv_heads=2)
+
+
+@pytest.fixture(scope="session")
+def copying_dir(checkpoint_factory) -> Path:
+    """A tiny Llama whose small initial weights make it repeat itself: prompt lookup's drafts
+    are accepted about two times in three, rejected otherwise (speculative decoding's tests)."""
+    return checkpoint_factory("llama_copying", model_type="llama", num_heads=4, num_kv_heads=2,
+                              initializer_range=0.02)
+
+
+@pytest.fixture(scope="session")
+def draft_dir(copying_dir, tmp_path_factory) -> Path:
+    """The copying model's first layer (of 2) as its draft model: its drafts are accepted about
+    one time in three."""
+    return build_truncated_checkpoint(copying_dir, tmp_path_factory.mktemp("draft") / "model", 1)
 
 
 _engines: list[weakref.ref] = []

@@ -18,12 +18,12 @@ PROMPT_LENGTHS = (5, 9, 17, 30, 41, 64)
 NEW_TOKENS = 48
 
 
-@pytest.fixture(scope="module")
-def copying_dir(checkpoint_factory):
-    """A tiny Llama whose small initial weights make it repeat itself: prompt lookup's drafts
-    are accepted about two times in three, rejected otherwise."""
-    return checkpoint_factory("llama_copying", model_type="llama", num_heads=4, num_kv_heads=2,
-                              initializer_range=0.02)
+@pytest.fixture(params=["ngram", "draft_model"])
+def spec(request, draft_dir) -> SpeculativeConfig:
+    """Each source of drafts, 4 a step: prompt lookup, and the draft model."""
+    if request.param == "ngram":
+        return SPEC
+    return SpeculativeConfig(method="draft_model", draft_model=draft_dir, num_speculative_tokens=4)
 
 
 def make_prompts(seed: int = 0, lengths=PROMPT_LENGTHS) -> list[list[int]]:
@@ -69,8 +69,8 @@ SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_l
     dict(max_batch_size=1),
     dict(chunked=False),
 ], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "default")
-def test_greedy_outputs_are_those_without_speculation(copying_dir, reference, setup):
-    engine = make_engine(copying_dir, SPEC, **setup)
+def test_greedy_outputs_are_those_without_speculation(copying_dir, spec, reference, setup):
+    engine = make_engine(copying_dir, spec, **setup)
     outs = generate(engine, make_prompts(), greedy())
     assert [o.token_ids for o in outs] == reference
     stats = engine.stats()
@@ -181,9 +181,9 @@ def test_accepted_tokens_follow_the_target_distribution(copying_dir):
     assert 0.5 * float((pa - pb).abs().sum()) < 0.12
 
 
-def test_stop_strings_and_stop_tokens_inside_accepted_drafts(copying_dir, reference):
+def test_stop_strings_and_stop_tokens_inside_accepted_drafts(copying_dir, spec, reference):
     engine_plain = make_engine(copying_dir, None)
-    engine_spec = make_engine(copying_dir, SPEC)
+    engine_spec = make_engine(copying_dir, spec)
     tok = engine_plain.tokenizer
     prompts = make_prompts()
     cases = []
@@ -204,17 +204,17 @@ def test_stop_strings_and_stop_tokens_inside_accepted_drafts(copying_dir, refere
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 8, 13])
-def test_max_tokens_is_never_passed(copying_dir, reference, max_tokens):
-    outs = generate(make_engine(copying_dir, SPEC), make_prompts(), greedy(max_tokens=max_tokens))
+def test_max_tokens_is_never_passed(copying_dir, spec, reference, max_tokens):
+    outs = generate(make_engine(copying_dir, spec), make_prompts(), greedy(max_tokens=max_tokens))
     assert [o.token_ids for o in outs] == [r[:max_tokens] for r in reference]
     assert all(o.finish_reason == "length" for o in outs)
 
 
-def test_logprobs_of_accepted_drafts(copying_dir):
+def test_logprobs_of_accepted_drafts(copying_dir, spec):
     prompts = make_prompts(4)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=3)
     plain = generate(make_engine(copying_dir, None), prompts, params)
-    engine = make_engine(copying_dir, SPEC)
+    engine = make_engine(copying_dir, spec)
     spec = generate(engine, prompts, params)
     assert engine.stats()["num_accepted_draft_tokens"] > 0
     for p, s in zip(plain, spec):
@@ -225,8 +225,8 @@ def test_logprobs_of_accepted_drafts(copying_dir):
                 assert lq[t] == pytest.approx(lp[t], abs=1e-4)
 
 
-def test_streamed_outputs_carry_every_new_token_once(copying_dir, reference):
-    engine = make_engine(copying_dir, SPEC)
+def test_streamed_outputs_carry_every_new_token_once(copying_dir, spec, reference):
+    engine = make_engine(copying_dir, spec)
     prompts = make_prompts()
     ids = [engine.add_request(p, greedy()) for p in prompts]
     streamed = {rid: [] for rid in ids}
@@ -240,8 +240,8 @@ def test_streamed_outputs_carry_every_new_token_once(copying_dir, reference):
     assert multi > 0, "some step gave a request several tokens"
 
 
-def test_abort_while_speculating(copying_dir, reference):
-    engine = make_engine(copying_dir, SPEC)
+def test_abort_while_speculating(copying_dir, spec, reference):
+    engine = make_engine(copying_dir, spec)
     prompts = make_prompts()
     ids = [engine.add_request(p, greedy()) for p in prompts]
     for _ in range(8):
@@ -258,8 +258,8 @@ def test_abort_while_speculating(copying_dir, reference):
     assert [done[rid].token_ids for i, rid in enumerate(ids) if i != 2] == [r for i, r in enumerate(reference) if i != 2]
 
 
-def test_requests_with_penalties_or_processors_do_not_speculate(copying_dir):
-    engine = make_engine(copying_dir, SPEC)
+def test_requests_with_penalties_or_processors_do_not_speculate(copying_dir, spec):
+    engine = make_engine(copying_dir, spec)
     prompts = make_prompts()[:3]
     params = [greedy(), greedy(repetition_penalty=1.3), greedy(logits_processors=[lambda ids, x: x])]
     outs = generate(engine, prompts, params)
@@ -270,7 +270,7 @@ def test_requests_with_penalties_or_processors_do_not_speculate(copying_dir):
 
 
 def test_bad_speculative_configuration_is_named(copying_dir):
-    with pytest.raises(ValueError, match=r"speculative method must be one of \('ngram',\), got 'eagle'"):
+    with pytest.raises(ValueError, match=r"speculative method must be one of \('ngram', 'draft_model'\), got 'eagle'"):
         SpeculativeConfig(method="eagle")
     with pytest.raises(ValueError, match=r"num_speculative_tokens must be a positive int, got 0"):
         SpeculativeConfig(num_speculative_tokens=0)

@@ -48,6 +48,7 @@ struct BatchManager::Impl {
   bool remove_waiting(RequestId id);
   bool set_max_draft_tokens(RequestId id, int32_t n);
   bool set_draft_tokens(RequestId id, const TokenId* tokens, int32_t n);
+  void set_scheduled_draft_tokens(const TokenId* tokens, int32_t n);
   const ForwardMetadata& schedule(double now, const StepBudget* budget);
   void update(const TokenId* tokens, int32_t num_tokens, double now);
   bool finish_request(RequestId id, FinishReason reason, double now);
@@ -128,6 +129,8 @@ BatchManager::Impl::Impl(const BatchManagerConfig& config)
   if (config.num_speculative_tokens < 0 || config.num_speculative_tokens >= config.max_num_tokens)
     throw std::invalid_argument("num_speculative_tokens must be in [0, max_num_tokens=" + str(config.max_num_tokens) +
                                 "), got " + str(config.num_speculative_tokens));
+  if (config.ngram_drafts && config.model_drafts)
+    throw std::invalid_argument("ngram_drafts and model_drafts are two sources of drafts: set one");
   if (config.prompt_lookup_min < 1 || config.prompt_lookup_max < config.prompt_lookup_min)
     throw std::invalid_argument("prompt lookup n-gram sizes must satisfy 1 <= prompt_lookup_min <= "
                                 "prompt_lookup_max, got " + str(config.prompt_lookup_min) + " and " +
@@ -242,6 +245,30 @@ bool BatchManager::Impl::set_draft_tokens(RequestId id, const TokenId* tokens, i
   return true;
 }
 
+void BatchManager::Impl::set_scheduled_draft_tokens(const TokenId* tokens, int32_t n) {
+  if (n != meta_.num_draft_tokens)
+    throw std::invalid_argument("set_scheduled_draft_tokens: the batch has " + str(meta_.num_draft_tokens) +
+                                " draft tokens, got " + str(n));
+  if (n > 0 && tokens == nullptr) throw std::invalid_argument("set_scheduled_draft_tokens: no tokens");
+  if (config_.vocab_size > 0)
+    for (int32_t i = 0; i < n; ++i)
+      if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+        throw std::invalid_argument("draft token id " + str(tokens[i]) + " is outside the vocabulary [0, " +
+                                    str(config_.vocab_size) + ")");
+  // generation sequences come first; a sequence's rows are its last token, then its drafts
+  int32_t k = 0;
+  for (int32_t s = 0; s < meta_.num_generation_seqs; ++s) {
+    Request* r = batch_[static_cast<size_t>(s)];
+    const int32_t row = meta_.query_start_loc[static_cast<size_t>(s)];
+    const int32_t drafts = meta_.query_start_loc[static_cast<size_t>(s) + 1] - row - 1;
+    for (int32_t j = 0; j < drafts; ++j, ++k) {
+      meta_.input_ids[static_cast<size_t>(row + 1 + j)] = tokens[k];
+      // (a request the caller ended since the schedule has dropped its drafts: update() skips it)
+      if (static_cast<size_t>(j) < r->draft_tokens.size()) r->draft_tokens[static_cast<size_t>(j)] = tokens[k];
+    }
+  }
+}
+
 int32_t BatchManager::Impl::draft_limit(const Request& r) const {
   // never past max_new_tokens: the drafts and the token after them are all generated tokens
   return std::max(0, std::min(r.max_draft_tokens, r.max_new_tokens - r.num_generated() - 1));
@@ -257,6 +284,8 @@ void BatchManager::Impl::propose_drafts() {
         --r->draft_pause;  // backing off (Request::draft_misses)
       } else if (config_.ngram_drafts && limit > 0) {
         r->draft_tokens = propose_ngram(r->tokens, config_.prompt_lookup_min, config_.prompt_lookup_max, limit);
+      } else if (config_.model_drafts && limit > 0) {
+        r->draft_tokens.assign(static_cast<size_t>(limit), 0);  // placeholders: set_scheduled_draft_tokens
       }
     } else if (static_cast<int32_t>(r->draft_tokens.size()) > limit) {
       r->draft_tokens.resize(static_cast<size_t>(limit));
@@ -630,6 +659,9 @@ bool BatchManager::remove_waiting(RequestId id) { return impl_->remove_waiting(i
 bool BatchManager::set_max_draft_tokens(RequestId id, int32_t n) { return impl_->set_max_draft_tokens(id, n); }
 bool BatchManager::set_draft_tokens(RequestId id, const TokenId* tokens, int32_t n) {
   return impl_->set_draft_tokens(id, tokens, n);
+}
+void BatchManager::set_scheduled_draft_tokens(const TokenId* tokens, int32_t n) {
+  impl_->set_scheduled_draft_tokens(tokens, n);
 }
 const ForwardMetadata& BatchManager::schedule(double now) { return impl_->schedule(now, nullptr); }
 

@@ -57,6 +57,7 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         QueuePolicy queue_policy
         int32_t num_speculative_tokens
         cbool ngram_drafts
+        cbool model_drafts
         int32_t prompt_lookup_min
         int32_t prompt_lookup_max
 
@@ -121,6 +122,7 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         cbool remove_waiting(int64_t)
         cbool set_max_draft_tokens(int64_t, int32_t) except +
         cbool set_draft_tokens(int64_t, const int32_t*, int32_t) except +
+        void set_scheduled_draft_tokens(const int32_t*, int32_t) except +
         const ForwardMetadata& schedule(double) except +
         const ForwardMetadata& schedule(double, double) except +
         void set_step_cost_model(const StepCostModel&) except +
@@ -228,7 +230,7 @@ cdef class CoreBatchManager:
                   bint enable_chunked_context=True, str policy="guaranteed_no_evict",
                   int vocab_size=0, bint enable_block_reuse=False, str queue_policy="fcfs",
                   int num_speculative_tokens=0, bint ngram_drafts=False, int prompt_lookup_min=2,
-                  int prompt_lookup_max=4):
+                  int prompt_lookup_max=4, bint model_drafts=False):
         if policy not in CAPACITY_POLICIES:
             raise ValueError(f"capacity_scheduler_policy must be one of {sorted(CAPACITY_POLICIES)}, got {policy!r}")
         if queue_policy not in QUEUE_POLICIES:
@@ -247,6 +249,7 @@ cdef class CoreBatchManager:
         c.queue_policy = <QueuePolicy> QUEUE_POLICIES[queue_policy]
         c.num_speculative_tokens = num_speculative_tokens
         c.ngram_drafts = ngram_drafts
+        c.model_drafts = model_drafts
         c.prompt_lookup_min = prompt_lookup_min
         c.prompt_lookup_max = prompt_lookup_max
         self.bm = new BatchManager(c)
@@ -299,6 +302,12 @@ cdef class CoreBatchManager:
         the request is unknown or not generating."""
         cdef vector[int32_t] v = list(tokens)
         return self.bm.set_draft_tokens(request_id, v.data(), <int32_t> v.size())
+
+    def set_scheduled_draft_tokens(self, tokens) -> None:
+        """The drafts of the batch just scheduled (model_drafts: a draft model's), each generation
+        sequence's in batch order, replacing the placeholders; before update()."""
+        cdef vector[int32_t] v = list(tokens)
+        self.bm.set_scheduled_draft_tokens(v.data(), <int32_t> v.size())
 
     def update_from_ptr(self, size_t tokens_ptr, int num_tokens, double now):
         """update() reading `num_tokens` int32 tokens at address `tokens_ptr` (a tensor's data_ptr())."""

@@ -116,7 +116,8 @@ class Engine:
         self._requests = RequestTable(parts.model_config, parts.tokenizer, parts.config.tokenizer or parts.config.model,
                                       parts.generation, parts.max_seq_len, parts.config.chat_template)
         online = OnlineStepCost(parts.step_cost) if parts.step_cost_calibrated else None
-        self._loop = StepLoop(self._bm, self._runner, self._sampler, self._requests, self.overlap, online)
+        self._loop = StepLoop(self._bm, self._runner, self._sampler, self._requests, self.overlap, online,
+                              parts.drafter)
         self._streams: dict[RequestId, deque[RequestOutput]] = {}  # open stream() iterators
         self._closed = False
         cap = parts.capacity
@@ -349,8 +350,9 @@ class Engine:
         max_seq_len, the device, the captured CUDA graph sizes, and on the CPU the kernels'
         instruction-set level (with why, and the levels the CPU has) and the largest batch that
         runs all decoder layers in one C++ call (0: none), and the generation defaults in force
-        (generation_config: the file read, the end-of-sequence ids, the sampling defaults), and the
-        step cost model of time-budgeted steps (step_cost_model())."""
+        (generation_config: the file read, the end-of-sequence ids, the sampling defaults), the
+        step cost model of time-budgeted steps (step_cost_model()), and speculative decoding's
+        draft model (None without one: its directory, layers, KV pool bytes, one-call rows)."""
         p = self._parts
         info = cpu_info()
         one_call = self._runner.cpu_decode
@@ -360,7 +362,16 @@ class Engine:
                 "cpu_kernels": {"isa": info.isa, "reason": info.reason, "supported": list(info.supported)},
                 "cpu_one_call_decode_max_rows": 0 if one_call is None else one_call.max_rows,
                 "generation_config": p.generation.as_dict(),
-                "step_cost_model": self.step_cost_model()}
+                "step_cost_model": self.step_cost_model(), "draft_model": self._draft_model_report()}
+
+    def _draft_model_report(self) -> dict[str, Any] | None:
+        drafter = self._parts.drafter
+        if drafter is None:
+            return None
+        one_call = drafter.cpu_decode
+        return {"path": str(self.config.speculative_config.draft_model), "num_layers": drafter.model.config.num_layers,
+                "kv_pool_bytes": drafter.kv_pool_bytes,
+                "cpu_one_call_decode_max_rows": 0 if one_call is None else one_call.max_rows}
 
     def step_cost_model(self) -> dict[str, Any]:
         """The step cost model of time-budgeted steps: its coefficients now (the start-up fit as
@@ -404,6 +415,7 @@ class Engine:
             self._runner.close()
         self._runner = self._parts.runner = None  # type: ignore[assignment]
         self._loop.runner = None  # type: ignore[assignment]
+        self._parts.drafter = self._loop.drafter = None
 
     def __enter__(self) -> "Engine":
         return self

@@ -3,11 +3,13 @@ StartupError naming the phase, with nothing left behind.
 
     config       EngineConfig checked against the model's config.json (or a GGUF file's metadata);
                  device; tokenizer
-    weights      safetensors (or the GGUF file's tensors) -> the model's tensors on the device
+    weights      safetensors (or the GGUF file's tensors) -> the model's tensors on the device;
+                 the draft model's too (speculative decoding with a draft model)
     kv_capacity  the two-pass measurement: a small cache, a worst-case dummy batch, its memory
                  peak -> the pool size (pyengine/runtime/kv_capacity.py has the formula)
     scheduler    the C++ batch manager with the real pool size, and the sampler
-    executor     the model runner (KV pool, metadata views), then CUDA graphs on a GPU
+    executor     the model runner (KV pool, metadata views), the draft model's runner (its KV
+                 pool), then CUDA graphs on a GPU
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from pyengine.runtime.device import resolve_device
 from pyengine.runtime.heap import release_free_heap
 from pyengine.runtime.kv_capacity import (SKIP_ENV, CpuMemoryProbe, CudaMemoryProbe, KvCapacity, MemoryReading,
                                           capacity_from_reading, configured_capacity, skip_requested)
-from pyengine.runtime.model_runner import ModelRunner
+from pyengine.runtime.draft_runner import DraftModelRunner
+from pyengine.runtime.model_runner import LIVE_KV_POOLS, ModelRunner
 from pyengine.sampling import Sampler
 
 logger = logging.getLogger(__name__)
@@ -84,6 +87,9 @@ class EngineParts:
     kv_loaded: dict[str, Any] | None = None  # KvCacheConfig.load_from's load_kv_cache report
     step_cost: StepCostModel | None = None  # the start-up step cost model (time-budgeted steps)
     step_cost_calibrated: bool = False  # fitted at start-up (else SchedulerConfig.step_cost_model)
+    draft_config: ModelConfig | None = None  # speculative decoding's draft model, if any
+    draft_model: LlamaFamilyModel | None = None  # (until the executor phase hands it to its runner)
+    drafter: DraftModelRunner | None = None
 
 
 @contextlib.contextmanager
@@ -117,6 +123,8 @@ def _run_phases(engine_args: dict[str, Any]) -> EngineParts:
         parts.phases = phases
     with _phase(phases, "weights"):
         model = _load_model(parts)
+        if parts.draft_config is not None:
+            parts.draft_model = _load_draft_model(parts)
         if parts.graph_sizes and not model.cuda_graphs_ok:
             logger.info("pyengine: %s decodes eagerly (no CUDA graphs): its forward keeps bookkeeping a graph "
                         "replay would skip", type(model).__name__)
@@ -130,6 +138,12 @@ def _run_phases(engine_args: dict[str, Any]) -> EngineParts:
         sc = parts.config.scheduler_config
         parts.runner = _runner(parts, model, parts.bm, sc.max_batch_size, parts.capacity.num_blocks,
                                sc.max_num_tokens)
+        if parts.draft_model is not None:
+            parts.drafter = DraftModelRunner(parts.draft_model, parts.capacity.num_blocks,
+                                             parts.config.kv_cache_config.tokens_per_block, parts.kv_dtype,
+                                             parts.bm.max_blocks_per_seq, parts.model_config.vocab_size)
+            LIVE_KV_POOLS.add(parts.drafter.kv_pool)
+            parts.draft_model = None
         if parts.graph_sizes:  # after the KV pool: graphs read it at a fixed address
             try:
                 parts.runner.decode_pad_sizes = parts.graph_sizes
@@ -187,6 +201,44 @@ def _load_model(parts: EngineParts) -> Any:
     return model
 
 
+def _load_draft_model(parts: EngineParts) -> LlamaFamilyModel:
+    """Speculative decoding's draft model, in the engine's dtype, unquantized."""
+    mc, path = parts.draft_config, parts.config.speculative_config.draft_model
+    cls = model_class(mc)
+    names, optional = cls.weight_names(mc)
+    weights = load_tensors(path, names, parts.config.dtype, optional)
+    return cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device, exact_fp32=parts.config.exact_fp32)
+
+
+def _check_draft_model(spec: SpeculativeConfig, target: ModelConfig, tokenizer: Any, max_seq_len: int,
+                       device: torch.device) -> ModelConfig:
+    """The draft model's config, once it is known to fit the target: the CPU, a context of
+    max_seq_len, the same tokenizer (same vocabulary: the ids it proposes mean the same tokens)."""
+    path = spec.draft_model
+    if device.type != "cpu":
+        raise ValueError(f"speculative decoding with a draft model runs on the CPU only for now, got "
+                         f"device={str(device)!r}; use method='ngram' on a GPU")
+    if check_model_dir(path).is_file():
+        raise ValueError(f"draft_model {str(path)!r} is a file: give a Hugging Face checkpoint directory")
+    mc = ModelConfig.from_model_dir(path)
+    if mc.quantization_config is not None:
+        raise ValueError(f"draft_model {str(path)!r} is a quantized checkpoint; the draft model loads float weights")
+    if mc.max_position_embeddings < max_seq_len:
+        raise ValueError(f"draft_model {str(path)!r} handles {mc.max_position_embeddings} positions "
+                         f"(max_position_embeddings), fewer than the engine's max_seq_len={max_seq_len}: "
+                         "lower max_seq_len")
+    draft_tokenizer = load_tokenizer(path)
+    if tokenizer is not None and draft_tokenizer is not None:
+        if tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+            raise ValueError(f"draft_model {str(path)!r} has another tokenizer than the model: its vocabulary "
+                             f"({len(draft_tokenizer.get_vocab())} tokens) differs; a draft model must share "
+                             "the model's tokenizer")
+    elif mc.vocab_size != target.vocab_size:
+        raise ValueError(f"draft_model {str(path)!r} has vocab_size {mc.vocab_size}, the model {target.vocab_size}, "
+                         "and no tokenizer to compare: a draft model must share the model's tokenizer")
+    return mc
+
+
 def _configure(cfg: EngineConfig) -> EngineParts:
     device = resolve_device(cfg.device)
     isa = cpu_info()  # a bad PYENGINE_CPU_ISA fails here, naming the levels this CPU has
@@ -237,6 +289,8 @@ def _configure(cfg: EngineConfig) -> EngineParts:
                         kv_dtype=kv_dtype, max_seq_len=max_seq_len, graph_sizes=_graph_sizes(cfg, device),
                         gguf_header=header)
     parts.prequantized = prequantized
+    if cfg.speculative_config is not None and cfg.speculative_config.method == "draft_model":
+        parts.draft_config = _check_draft_model(cfg.speculative_config, mc, tokenizer, max_seq_len, device)
     parts.generation = generation_defaults(cfg.generation_config, cfg.model, mc.eos_token_ids, tokenizer,
                                            mc.vocab_size)
     return parts
@@ -308,6 +362,7 @@ def _speculation(spec: SpeculativeConfig | None) -> dict[str, Any]:
     if spec is None:
         return {}
     return {"num_speculative_tokens": spec.num_speculative_tokens, "ngram_drafts": spec.method == "ngram",
+            "model_drafts": spec.method == "draft_model",
             "prompt_lookup_min": spec.prompt_lookup_min, "prompt_lookup_max": spec.prompt_lookup_max}
 
 
@@ -325,7 +380,10 @@ def _kv_capacity(parts: EngineParts, model: LlamaFamilyModel) -> KvCapacity:
     kc, mc = parts.config.kv_cache_config, parts.model_config
     num_seq_slots = parts.config.num_seq_slots
     tpb = kc.tokens_per_block
-    bytes_per_block = mc.kv_bytes_per_token_per_elem * tpb * torch.empty((), dtype=parts.kv_dtype).element_size()
+    elems_per_token = mc.kv_bytes_per_token_per_elem
+    if parts.draft_config is not None:  # the draft model's pool has a block for each of the model's
+        elems_per_token += parts.draft_config.kv_bytes_per_token_per_elem
+    bytes_per_block = elems_per_token * tpb * torch.empty((), dtype=parts.kv_dtype).element_size()
     if kc.free_memory_fraction is None or skip_requested():
         if kc.max_tokens is None:
             raise ValueError(f"{SKIP_ENV} is set but KvCacheConfig.max_tokens is not: the pool size must come "

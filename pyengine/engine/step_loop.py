@@ -36,8 +36,9 @@ from pyengine.engine.interrupts import InterruptGate
 from pyengine.engine.outputs import RequestOutput, RequestRecord, metrics_from_core
 from pyengine.engine.requests import RequestTable
 from pyengine.engine.step_cost import OnlineStepCost, batch_shape
+from pyengine.runtime.draft_runner import DraftModelRunner, Proposal
 from pyengine.runtime.model_runner import Forwarded, ModelRunner
-from pyengine.sampling import SampleResult, Sampler
+from pyengine.sampling import SampleResult, Sampler, drafts_allowed
 from pyengine.sampling.logprobs import PromptRows, prompt_logprob_rows, record_prompt_logprobs
 
 logger = logging.getLogger("pyengine")
@@ -64,6 +65,8 @@ class Batch:
     prompt_rows: PromptRows | None = None
     shape: tuple[int, int, int] = (0, 0, 0)  # (sequences, tokens, attention pairs): the cost model's
     num_drafts: int = 0  # draft tokens among the generation rows (speculative decoding)
+    num_generation_seqs: int = 0
+    proposal: Proposal | None = None  # the draft model's drafts (set by the forward)
 
 
 class StepLoop:
@@ -71,8 +74,10 @@ class StepLoop:
     flight between two calls (overlap) and the outputs owed to the next call."""
 
     def __init__(self, bm: CoreBatchManager, runner: ModelRunner, sampler: Sampler, table: RequestTable,
-                 overlap: bool, step_cost: OnlineStepCost | None = None) -> None:
+                 overlap: bool, step_cost: OnlineStepCost | None = None,
+                 drafter: DraftModelRunner | None = None) -> None:
         self.bm, self.runner, self.sampler, self.table = bm, runner, sampler, table
+        self.drafter = drafter  # speculative decoding's draft model (None: drafts from prompt lookup, or none)
         # corrected from every step's measured time and handed to the batch manager (None: the
         # batch manager's model is fixed)
         self.step_cost = step_cost
@@ -198,7 +203,8 @@ class StepLoop:
         try:
             num_tokens, num_seqs, num_logits = bm.schedule(time.monotonic(), self._budget_ms)
             events = bm.events()
-            batch = Batch(num_tokens, num_seqs, num_logits, events, num_drafts=bm.num_draft_tokens if num_seqs else 0)
+            batch = Batch(num_tokens, num_seqs, num_logits, events, num_drafts=bm.num_draft_tokens if num_seqs else 0,
+                          num_generation_seqs=bm.num_generation_seqs if num_seqs else 0)
             if self.step_cost is not None and num_seqs:
                 batch.shape = batch_shape(self.runner.query_start_loc, self.runner.seq_lens, num_seqs)
             self._assign_sampler_rows(events)
@@ -259,14 +265,22 @@ class StepLoop:
     # ---- forward, sample, update ----------------------------------------------------------------
 
     def _forward(self, batch: Batch) -> Forwarded:
+        if self.drafter is not None:  # the drafts go into the batch's input rows first
+            batch.proposal = self.drafter.propose(self.runner, batch.num_seqs, batch.num_generation_seqs,
+                                                  batch.num_logits, self._speculates, self.sampler)
         extra = None if batch.prompt_rows is None else batch.prompt_rows[0]
         return self.runner.forward(batch.num_tokens, batch.num_seqs, batch.num_logits, extra)
+
+    def _speculates(self, core_id: int) -> bool:
+        rec = self.table.records.get(core_id)
+        return rec is not None and drafts_allowed(rec.params)
 
     def _sample(self, batch: Batch, forwarded: Forwarded) -> SampleResult:
         """Samples the batch (padding rows too: their tokens go to the scratch row); changes no
         state (_update commits it). On a GPU the tokens start their way to the host."""
         offsets = self.runner.logits_offsets[: forwarded.num_rows] if batch.num_drafts else None
-        result = self.sampler.sample(forwarded.logits[: forwarded.num_rows], forwarded.slots, offsets)
+        drafts = batch.proposal.rows if batch.proposal is not None and batch.num_drafts else None
+        result = self.sampler.sample(forwarded.logits[: forwarded.num_rows], forwarded.slots, offsets, drafts)
         result.host_tokens, result.ready = self.runner.tokens_to_host(result.tokens)
         return result
 
@@ -280,8 +294,15 @@ class StepLoop:
         if not batch.num_drafts:
             sampler.commit(result)
             self.runner.record_tokens(forwarded, result.tokens)
+        elif batch.proposal is not None:  # the draft model's drafts replace the schedule's placeholders
+            bm.set_scheduled_draft_tokens(batch.proposal.tokens)
         bm.update_from_ptr(result.host_tokens.data_ptr(), batch.num_logits, time.monotonic())
         outputs = bm.step_outputs()
+        if self.drafter is not None:
+            emitted: dict[int, int] = {}
+            for core_id, *_ in outputs:
+                emitted[core_id] = emitted.get(core_id, 0) + 1
+            self.drafter.commit(batch.proposal, emitted, self.table.__contains__)
         if batch.num_drafts:  # only the tokens the requests kept count: accepted drafts and the one after
             sampler.commit(result, [row for *_, row in outputs])
             last_rows = {core_id: row for core_id, *_, row in outputs}

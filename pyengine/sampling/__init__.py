@@ -3,6 +3,6 @@ per-sequence-slot state)."""
 
 from pyengine.sampling.guided import GuidedDecodingParams
 from pyengine.sampling.params import SamplingParams
-from pyengine.sampling.sampler import SampleResult, Sampler, drafts_allowed
+from pyengine.sampling.sampler import DraftRows, SampleResult, Sampler, drafts_allowed
 
-__all__ = ["GuidedDecodingParams", "SamplingParams", "Sampler", "SampleResult", "drafts_allowed"]
+__all__ = ["DraftRows", "GuidedDecodingParams", "SamplingParams", "Sampler", "SampleResult", "drafts_allowed"]

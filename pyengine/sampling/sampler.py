@@ -124,12 +124,17 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 
 def sample_inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor, group: int = 256) -> torch.Tensor:
-    """One token per row from softmax(logits), chosen by the row's uniform number: the
-    first token whose cumulative probability exceeds u. Two levels, so that only small
-    cumulative sums are needed: pick the group of `group` tokens by the groups' masses,
-    then the token inside it."""
-    n, vocab = logits.shape
-    probs = logits.softmax(dim=-1)
+    """One token per row from softmax(logits), chosen by the row's uniform number (see
+    sample_probs_inverse_cdf)."""
+    return sample_probs_inverse_cdf(logits.softmax(dim=-1), uniform, group)
+
+
+def sample_probs_inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor, group: int = 256) -> torch.Tensor:
+    """One token per row of `probs` (non-negative, not necessarily normalized), chosen by the
+    row's uniform number: the first token whose cumulative probability exceeds u times the
+    row's total. Two levels, so that only small cumulative sums are needed: pick the group of
+    `group` tokens by the groups' masses, then the token inside it."""
+    n, vocab = probs.shape
     padded = -(-vocab // group) * group
     if padded != vocab:
         probs = torch.nn.functional.pad(probs, (0, padded - vocab))
@@ -161,6 +166,49 @@ def _skip_zero_probability(token: torch.Tensor, probs: torch.Tensor, vocab: int)
     # clamp: a row whose probabilities are all zero or NaN keeps an in-vocabulary token
     token[zero] = torch.where(earlier >= 0, earlier, later).clamp_(max=vocab - 1)
     return token
+
+
+# Seeds of the other random streams a sampled row may need (xor-ed into the request's seed):
+# the draft model's draws, and the target's draw from the residual distribution after it
+# rejects a draft.
+_DRAFT_STREAM = _signed64(0x5DEECE66D2B7E151)
+_RESIDUAL_STREAM = _signed64(0x2545F4914F6CDD1D)
+
+
+@dataclass
+class DraftRows:
+    """A draft model's proposals as the verifying rows see them: `next_tokens` [n] (int64) is
+    the draft that follows logits row i in its sequence (-1: none), `probs` [n, vocab] the
+    distribution it was drawn from (rows without a draft, and greedy rows, unused), None when
+    every draft was greedy."""
+
+    next_tokens: torch.Tensor
+    probs: torch.Tensor | None
+
+
+def _verify_drafts(p: torch.Tensor, u: torch.Tensor, drafts: DraftRows, seeds: torch.Tensor,
+                   generated: torch.Tensor) -> torch.Tensor:
+    """Speculative sampling's rule (Leviathan et al. 2023; Chen et al. 2023): a row whose next
+    row holds draft x, drawn from q, emits x with probability min(1, p(x) / q(x)), else a token
+    drawn from max(p - q, 0) renormalized -- never x, so the batch manager sees the rejection
+    --, which makes every emitted token distributed as p. Rows without a draft draw from p.
+    p: the rows' target probabilities; u: their uniform numbers."""
+    tokens = sample_probs_inverse_cdf(p, u)
+    has = drafts.next_tokens >= 0
+    if not bool(has.any()):
+        return tokens
+    idx = torch.nonzero(has).flatten()
+    x = drafts.next_tokens[idx]
+    p_rows, q_rows = p[idx], drafts.probs[idx].to(p.dtype)
+    px = p_rows.gather(1, x[:, None]).squeeze(1)
+    qx = q_rows.gather(1, x[:, None]).squeeze(1)
+    accept = u[idx] * qx <= px
+    residual = (p_rows - q_rows).clamp_(min=0)
+    empty = residual.sum(dim=-1) <= 0  # p == q (then x is always accepted): anything valid
+    residual = torch.where(empty[:, None], p_rows, residual)
+    u2 = counter_uniform(seeds[idx] ^ _RESIDUAL_STREAM, generated[idx])
+    tokens[idx] = torch.where(accept, x, sample_probs_inverse_cdf(residual, u2))
+    return tokens
 
 
 @dataclass
@@ -290,12 +338,16 @@ class Sampler:
     def all_greedy(self) -> bool:
         return not any(self._active.values())
 
-    def sample(self, logits: torch.Tensor, slots: torch.Tensor, offsets: torch.Tensor | None = None) -> SampleResult:
+    def sample(self, logits: torch.Tensor, slots: torch.Tensor, offsets: torch.Tensor | None = None,
+               drafts: DraftRows | None = None) -> SampleResult:
         """logits [n, vocab] float32, slots [n] -> tokens and logprobs. Changes no state
         (see commit()), so a failure here — in a user's logits processor, say — leaves the
         sampler as it was. `offsets` [n] (speculative decoding): row i samples the slot's
         token num_generated + offsets[i] (its random counter and min_tokens), for a slot with
-        several rows (its next token and its drafts'); None: all 0."""
+        several rows (its next token and its drafts'); None: all 0. `drafts`: the draft
+        model's proposals the rows verify; a sampled row followed by one takes it by the
+        rejection rule of speculative sampling (see _verify_drafts); None: drafts are point
+        masses (prompt lookup) and each row samples on its own."""
         n = logits.shape[0]
         if self.all_greedy:  # fast path: nothing but argmax
             return SampleResult(torch.argmax(logits, dim=-1).to(torch.int32), [None] * n)
@@ -325,28 +377,64 @@ class Sampler:
             under = (generated < self.min_tokens[rows])[:, None]
             x = x.masked_fill(self.stop_mask[rows] & under, float("-inf"))
         tokens = torch.argmax(x, dim=-1)
-        if self._active["sample"]:
-            temperature = self.temperature[rows]
-            sampled = temperature > 0
-            if bool(sampled.any()):
-                xs = x / torch.where(sampled, temperature, torch.ones_like(temperature))[:, None]
-                top_k = self.top_k[rows]
-                if bool((top_k < self.vocab_size).any()):
-                    xs = apply_top_k(xs, top_k)
-                top_p = self.top_p[rows]
-                if bool((top_p < 1).any()):
-                    xs = apply_top_p(xs, top_p)
-                min_p = self.min_p[rows]
-                if bool((min_p > 0).any()):
-                    xs = apply_min_p(xs, min_p)
-                u = counter_uniform(self.seed[rows], generated)
-                tokens = torch.where(sampled, sample_inverse_cdf(xs, u), tokens)
+        warped = self._warp(x, rows) if self._active["sample"] else None
+        if warped is not None:
+            xs, sampled = warped
+            u = counter_uniform(self.seed[rows], generated)
+            if drafts is not None and drafts.probs is not None:
+                chosen = _verify_drafts(xs.softmax(dim=-1), u, drafts, self.seed[rows], generated)
+            else:
+                chosen = sample_inverse_cdf(xs, u)
+            tokens = torch.where(sampled, chosen, tokens)
         logprobs: list[dict[int, float] | None] = [None] * n
         if raw_logprobs is not None:
             wanted = self.num_logprobs[rows]
             for i in torch.nonzero(wanted >= 0).flatten().tolist():
                 logprobs[i] = top_logprobs(raw_logprobs[i], int(wanted[i]), int(tokens[i]))
         return SampleResult(tokens.to(torch.int32), logprobs, rows)
+
+    def _warp(self, x: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The sampled rows' logits after temperature, top-k, top-p and min-p (greedy rows pass
+        through unscaled), and which rows are sampled; None when no row is."""
+        temperature = self.temperature[rows]
+        sampled = temperature > 0
+        if not bool(sampled.any()):
+            return None
+        xs = x / torch.where(sampled, temperature, torch.ones_like(temperature))[:, None]
+        top_k = self.top_k[rows]
+        if bool((top_k < self.vocab_size).any()):
+            xs = apply_top_k(xs, top_k)
+        top_p = self.top_p[rows]
+        if bool((top_p < 1).any()):
+            xs = apply_top_p(xs, top_p)
+        min_p = self.min_p[rows]
+        if bool((min_p > 0).any()):
+            xs = apply_min_p(xs, min_p)
+        return xs, sampled
+
+    def sample_drafts(self, logits: torch.Tensor, slots: torch.Tensor,
+                      offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A draft model's proposals: for each row of its logits [n, vocab] (float32), the
+        token it proposes for the slot's token num_generated + offsets[i], and the distribution
+        it was drawn from ([n, vocab] probabilities, the request's own temperature, top-k,
+        top-p and min-p applied; None when every row is greedy). Greedy rows propose their
+        argmax. The draws use the request's seed on a stream of their own, so seeded requests
+        stay reproducible. Only requests that may speculate (drafts_allowed) get here: no
+        penalties, processors or grammars; min_tokens masks the stop tokens as the target does."""
+        rows = slots.to(torch.int64)
+        generated = self.num_generated[rows] + offsets.to(self.device)
+        x = logits
+        if self._active["min_tokens"]:
+            under = (generated < self.min_tokens[rows])[:, None]
+            x = x.masked_fill(self.stop_mask[rows] & under, float("-inf"))
+        tokens = torch.argmax(x, dim=-1)
+        warped = self._warp(x, rows) if self._active["sample"] else None
+        if warped is None:
+            return tokens, None
+        xs, sampled = warped
+        probs = xs.softmax(dim=-1)
+        u = counter_uniform(self.seed[rows] ^ _DRAFT_STREAM, generated)
+        return torch.where(sampled, sample_probs_inverse_cdf(probs, u), tokens), probs
 
     def _apply_grammar_masks(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """x with the tokens the constrained rows' grammars do not allow next set to -inf (a

@@ -477,6 +477,36 @@ def build_tiny_checkpoint(
     return path
 
 
+def build_truncated_checkpoint(source: Path | str, path: Path | str, num_layers: int) -> Path:
+    """The first ``num_layers`` decoder layers of the checkpoint in ``source`` (with its
+    embedding, final norm, output head and tokenizer) saved into ``path``: a draft model for
+    speculative decoding that shares the model's vocabulary and agrees with it in part, as a
+    layer-skipping draft does. Returns ``path``."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    source, path = Path(source), Path(path)
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(source), dtype="auto")
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+    total = model.config.num_hidden_layers
+    if not 1 <= num_layers <= total:
+        raise ValueError(f"num_layers must be in [1, {total}], got {num_layers}")
+    model.model.layers = model.model.layers[:num_layers]
+    model.config.num_hidden_layers = num_layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:num_layers]
+    path.mkdir(parents=True, exist_ok=True)
+    _save_quietly(model, path, {"safe_serialization": True})
+    if any((source / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        transformers.AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(path))
+    return path
+
+
 # --------------------------------------------------------------------------------------
 # Cache
 # --------------------------------------------------------------------------------------

@@ -383,4 +383,48 @@ TEST(prompt_lookup_backs_off_from_a_request_whose_drafts_keep_failing) {
   CHECK_EQ(bm.request_info(1).num_accepted_draft_tokens, int64_t{0});
 }
 
+TEST(model_drafts_are_placeholders_that_set_scheduled_draft_tokens_fills) {
+  BatchManagerConfig c = config(3);
+  c.model_drafts = true;
+  c.vocab_size = 100;
+  BatchManager bm(c);
+  add(bm, 1, {10, 11, 12, 13, 14}, 10);
+  add(bm, 2, {30, 31}, 3);
+  add(bm, 3, {40, 41, 42}, 10);
+  CHECK(bm.set_max_draft_tokens(3, 0));  // (a request that may not speculate)
+  CHECK_EQ(step(bm, {20, 32, 43}), (Tokens{20, 32, 43}));  // the prompts: request 1 in blocks 0 and 1
+  const ForwardMetadata& m = bm.schedule(0.0);
+  // request 1: 3 placeholders; request 2: 1 (2 of 3 tokens would be generated); request 3: none
+  CHECK_EQ(m.num_generation_seqs, 3);
+  CHECK_EQ(m.num_draft_tokens, 4);
+  CHECK_EQ(head(m.query_start_loc, 4), (std::vector<int32_t>{0, 4, 6, 7}));
+  CHECK_EQ(head(m.input_ids, 7), (Tokens{20, 0, 0, 0, 32, 0, 43}));
+  CHECK_THROWS(bm.set_scheduled_draft_tokens(Tokens{21, 22, 23}.data(), 3), std::invalid_argument,
+               "set_scheduled_draft_tokens: the batch has 4 draft tokens, got 3");
+  CHECK_THROWS(bm.set_scheduled_draft_tokens(Tokens{21, 22, 100, 33}.data(), 4), std::invalid_argument,
+               "draft token id 100 is outside the vocabulary [0, 100)");
+  CHECK_EQ(head(m.input_ids, 7), (Tokens{20, 0, 0, 0, 32, 0, 43}));  // unchanged by the failed calls
+  bm.set_scheduled_draft_tokens(Tokens{21, 22, 23, 33}.data(), 4);
+  CHECK_EQ(head(m.input_ids, 7), (Tokens{20, 21, 22, 23, 32, 33, 43}));
+  CHECK_EQ(bm.block_table(1), (std::vector<BlockId>{0, 1, 4}));  // positions 5..8 (2 and 3: the other prompts)
+  // request 1: 21 accepted, 22 rejected (77 sampled there); request 2: 33 accepted, then 34
+  // ends it at max_tokens; request 3: one token
+  const Tokens sampled{21, 77, 5, 6, 33, 34, 44};
+  bm.update(sampled.data(), 7, 0.0);
+  CHECK_EQ(bm.events().tokens, (Tokens{21, 77, 33, 34, 44}));
+  CHECK_EQ(bm.events().finished, (std::vector<uint8_t>{0, 0, 0, 1, 0}));
+  CHECK_EQ(bm.request_info(1).num_computed_tokens, 7);  // 5 prompt + 20 21
+  CHECK_EQ(bm.request_info(1).num_accepted_draft_tokens, int64_t{1});
+  CHECK_EQ(bm.block_table(1), (std::vector<BlockId>{0, 1}));  // block 4 held only position 8: rewound
+  bm.free_finished();
+  bm.check_invariants();
+  // the next schedule gives request 1 fresh placeholders
+  const ForwardMetadata& m2 = bm.schedule(0.0);
+  CHECK_EQ(head(m2.input_ids, 4), (Tokens{77, 0, 0, 0}));
+  bm.rollback();
+  BatchManagerConfig both = config(2, /*ngram=*/true);
+  both.model_drafts = true;
+  CHECK_THROWS(BatchManager{both}, std::invalid_argument, "ngram_drafts and model_drafts are two sources");
+}
+
 TEST_MAIN()

@@ -40,9 +40,12 @@ struct BatchManagerConfig {
   // num_speculative_tokens draft tokens a step (0: off), verified by the same forward. With
   // ngram_drafts, schedule() proposes them by prompt lookup (the tokens that followed the
   // last prompt_lookup_max .. prompt_lookup_min tokens' most recent earlier occurrence);
-  // otherwise the caller sets them (set_draft_tokens), e.g. from a draft model.
+  // with model_drafts, schedule() gives every generating request its draft limit of placeholder
+  // drafts, which a draft model run between schedule() and the forward replaces
+  // (set_scheduled_draft_tokens); otherwise the caller sets them (set_draft_tokens).
   int32_t num_speculative_tokens = 0;
   bool ngram_drafts = false;
+  bool model_drafts = false;
   int32_t prompt_lookup_min = 2;
   int32_t prompt_lookup_max = 4;
 };
@@ -152,6 +155,13 @@ class BatchManager {
   // less one. Throws std::invalid_argument (changing nothing) for a token id outside the
   // vocabulary; returns false if the request is unknown or not generating.
   bool set_draft_tokens(RequestId id, const TokenId* tokens, int32_t n);
+  // The drafts of the batch schedule() just returned, replacing its placeholders
+  // (config().model_drafts): `n` == metadata().num_draft_tokens tokens, each generation
+  // sequence's in batch order. Writes them into the metadata's input_ids too; call it before
+  // the forward reads them, and before update(), which accepts drafts against them. Throws
+  // std::invalid_argument (changing nothing) for another count or a token id outside the
+  // vocabulary.
+  void set_scheduled_draft_tokens(const TokenId* tokens, int32_t n);
   // Marks a request to be dropped at the next schedule(). Returns false if the id is
   // unknown (never added, or already finished and retired).
   bool abort_request(RequestId id);

@@ -1,0 +1,146 @@
+"""Speculative decoding with a draft model (SpeculativeConfig(method="draft_model")): what is
+particular to it. The behaviours both sources of drafts share (greedy outputs equal to
+decoding without speculation across scheduling configurations, stop strings, max_tokens,
+logprobs, abort, streaming, requests that may not speculate) are tests/test_speculative.py's,
+run with each; the batch manager's placeholders and KV rewind: tests/cpp/test_speculative.cpp."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig, SpeculativeConfig, StartupError
+from pyengine.sampling.sampler import DraftRows, _verify_drafts
+from pyengine.testing.checkpoints import build_tiny_checkpoint
+
+
+def make_prompts(seed: int = 0, lengths=(5, 9, 17, 30, 41, 64)) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 500) for _ in range(n)] for n in lengths]
+
+
+def make_engine(model_dir, draft, k: int = 4, **kw) -> Engine:
+    spec = None if draft is None else SpeculativeConfig(method="draft_model", draft_model=draft,
+                                                        num_speculative_tokens=k)
+    return Engine(model_dir, max_seq_len=160, seed=0, speculative_config=spec, overlap=kw.pop("overlap", False),
+                  kv_cache_config=KvCacheConfig(max_tokens=4096, tokens_per_block=8),
+                  scheduler_config=SchedulerConfig(max_batch_size=kw.pop("max_batch_size", 4), max_num_tokens=64))
+
+
+def greedy(max_tokens: int = 48) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def generate(engine: Engine, prompts, params) -> list:
+    outs = engine.generate(prompts, params, use_tqdm=False)
+    engine.check_resources()
+    return outs
+
+
+def test_the_model_as_its_own_draft_has_every_draft_accepted(copying_dir):
+    """A draft model computing what the model computes proposes what it samples: every draft is
+    accepted -- which holds only if the draft model's KV cache is right at every position
+    (prompt chunks, the drafts it fed itself, the last draft fed on the next step)."""
+    prompts = make_prompts()
+    reference = [o.token_ids for o in generate(make_engine(copying_dir, None), prompts, greedy())]
+    engine = make_engine(copying_dir, copying_dir, k=3)
+    outs = generate(engine, prompts, greedy())
+    assert [o.token_ids for o in outs] == reference
+    stats = engine.stats()
+    assert stats["num_draft_tokens"] > 0 and stats["num_accepted_draft_tokens"] == stats["num_draft_tokens"]
+    # the first token comes with the prompt, then k + 1 = 4 a step: 11 steps for 44 tokens, and
+    # a step with 2 drafts for the last 3 (drafts never pass max_tokens)
+    assert [o.metrics.num_draft_tokens for o in outs] == [11 * 3 + 2] * len(prompts)
+
+
+def test_startup_report_and_kv_capacity_count_the_draft_pool(copying_dir, draft_dir):
+    plain, spec = make_engine(copying_dir, None), make_engine(copying_dir, draft_dir)
+    report = spec.startup_report()["draft_model"]
+    assert plain.startup_report()["draft_model"] is None
+    assert report["path"] == str(draft_dir) and report["num_layers"] == 1
+    # a block holds the model's 2 layers of K and V and the draft's 1: 1.5 times the bytes
+    p_cap, s_cap = plain.startup_report()["kv_capacity"], spec.startup_report()["kv_capacity"]
+    assert s_cap["bytes_per_block"] * 2 == p_cap["bytes_per_block"] * 3
+    assert report["kv_pool_bytes"] * 3 == s_cap["pool_bytes"]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_seeded_sampling_is_reproducible(copying_dir, draft_dir, overlap):
+    """The draft's draws and the target's residual draws are counter-based on the request's
+    seed: a seeded request gets the same tokens every run, with or without the overlap loop
+    (though not those of decoding without speculation)."""
+    prompts = make_prompts(2)
+    params = [SamplingParams(temperature=t, top_p=p, top_k=k, seed=10 + i, max_tokens=40, ignore_eos=True)
+              for i, (t, p, k) in enumerate([(0.005, 1.0, -1), (0.01, 0.9, -1), (0.02, 1.0, 20), (0.01, 0.8, 5),
+                                             (0.05, 1.0, -1), (0.3, 0.95, -1)])]
+    first = generate(make_engine(copying_dir, draft_dir), prompts, params)
+    engine = make_engine(copying_dir, draft_dir, overlap=overlap)
+    again = generate(engine, prompts, params)
+    assert [o.token_ids for o in again] == [o.token_ids for o in first]
+    stats = engine.stats()
+    assert 0 < stats["num_accepted_draft_tokens"] < stats["num_draft_tokens"]
+
+
+def test_rejection_rule_emits_the_target_distribution():
+    """Speculative sampling's rule on fixed distributions over 8 tokens, 40,000 seeds: the
+    emitted token is distributed as the target's p whatever the draft's q, and a draft is
+    accepted with probability sum(min(p, q))."""
+    torch.manual_seed(0)
+    n, vocab = 40_000, 8
+    p = torch.tensor([0.30, 0.25, 0.15, 0.10, 0.10, 0.05, 0.05, 0.0])
+    q = torch.tensor([0.05, 0.40, 0.05, 0.30, 0.0, 0.10, 0.05, 0.05])
+    draws = torch.multinomial(q, n, replacement=True)  # the draft's proposals, drawn from q
+    rows = DraftRows(draws, q.expand(n, vocab).contiguous())
+    seeds = torch.arange(n, dtype=torch.int64) * 7919 + 3
+    generated = torch.zeros(n, dtype=torch.int64)
+    from pyengine.sampling.sampler import counter_uniform
+    u = counter_uniform(seeds, generated)
+    tokens = _verify_drafts(p.expand(n, vocab).contiguous(), u, rows, seeds, generated)
+    emitted = torch.bincount(tokens, minlength=vocab).double() / n
+    assert 0.5 * float((emitted - p.double()).abs().sum()) < 0.01
+    assert int(emitted[7] * n) == 0  # a token the target gives probability 0 is never emitted
+    accepted = float((tokens == draws).double().mean())
+    assert accepted == pytest.approx(float(torch.minimum(p, q).sum()), abs=0.01)
+    # without a draft (next token -1), a row draws from p with its own uniform number
+    none = DraftRows(torch.full((n,), -1, dtype=torch.int64), rows.probs)
+    plain = _verify_drafts(p.expand(n, vocab).contiguous(), u, none, seeds, generated)
+    emitted = torch.bincount(plain, minlength=vocab).double() / n
+    assert 0.5 * float((emitted - p.double()).abs().sum()) < 0.01
+
+
+def test_sampled_tokens_follow_the_target_distribution(copying_dir, draft_dir):
+    """The second generated token (the first a draft is verified for) over 600 seeds: its
+    distribution with the draft model equals the one without speculation (total variation;
+    the draws differ, so the bound allows for sampling noise)."""
+    prompt = make_prompts(3, (12,))[0]
+    params = [SamplingParams(temperature=0.02, seed=s, max_tokens=3, ignore_eos=True) for s in range(600)]
+
+    def second_tokens(draft) -> torch.Tensor:
+        engine = make_engine(copying_dir, draft, k=2, max_batch_size=16)
+        return torch.tensor([o.token_ids[1] for o in generate(engine, [prompt] * len(params), params)])
+
+    a, b = second_tokens(None), second_tokens(draft_dir)
+    assert len(set(a.tolist())) > 5, "the distribution is not a point mass"
+    vocab = int(max(a.max(), b.max())) + 1
+    pa, pb = (torch.bincount(x, minlength=vocab).double() / len(x) for x in (a, b))
+    assert 0.5 * float((pa - pb).abs().sum()) < 0.12
+
+
+def test_bad_draft_models_are_named(copying_dir, draft_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"speculative method 'draft_model' needs draft_model=<checkpoint directory>"):
+        SpeculativeConfig(method="draft_model")
+    with pytest.raises(ValueError, match=r"draft_model='x' is for method='draft_model', not 'ngram'"):
+        SpeculativeConfig(draft_model="x")
+    with pytest.raises(StartupError, match=r"phase 'config'.*does not exist"):
+        make_engine(copying_dir, tmp_path / "missing")
+    other = build_tiny_checkpoint(tmp_path / "other_tokenizer", num_heads=4, num_kv_heads=2, num_layers=1,
+                                  tokenizer_vocab_size=300)
+    with pytest.raises(StartupError, match=r"has another tokenizer than the model: its vocabulary \(300 tokens\)"):
+        make_engine(copying_dir, other)
+    short = build_tiny_checkpoint(tmp_path / "short", num_heads=4, num_kv_heads=2, num_layers=1,
+                                  max_position_embeddings=64)
+    with pytest.raises(StartupError, match=r"handles 64 positions \(max_position_embeddings\), fewer than the "
+                                           r"engine's max_seq_len=160"):
+        make_engine(copying_dir, short)
