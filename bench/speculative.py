@@ -1,5 +1,7 @@
-"""Speculative decoding with prompt lookup (SpeculativeConfig(method="ngram")) at batch 1, on
-smollm-135m-shape: decode tokens/s with and without it, measured alternately in the same
+"""Speculative decoding at batch 1 on smollm-135m-shape, with prompt lookup
+(SpeculativeConfig(method="ngram"), the default) or a draft model (--method draft_model: the
+model's first --draft-layers layers, embedding and head, a layer-skipping draft built once
+beside the model): decode tokens/s with and without it, measured alternately in the same
 run (median of --runs), with the draft acceptance and the outputs compared. Three workloads,
 each one request of a 128-token prompt and 128 generated tokens:
 
@@ -11,10 +13,14 @@ each one request of a 128-token prompt and 128 generated tokens:
 - wrong drafts: W2's request sampled at temperature 1, every step carrying k drafts that
   are all rejected (set through the batch manager's set_draft_tokens, as a draft model
   would: k copies of a token the sample almost never is): the worst case, what a step's k
-  rejected drafts cost.
+  rejected drafts cost. (Prompt lookup only: a draft model proposes its own.)
+
+Greedy outputs must be equal with and without speculation; sampled ones are equal with prompt
+lookup, and with a draft model only in distribution (its rejection rule draws differently).
 
     python bench/speculative.py                  # float32, k = 4
     python bench/speculative.py --dtype bfloat16 --k 4 --runs 3
+    python bench/speculative.py --method draft_model --draft-layers 1 --k 3
 """
 
 from __future__ import annotations
@@ -31,11 +37,23 @@ from bench.common import (BENCH_THREADS, SMOLLM_VOCAB, machine_info, median, set
                           smollm_checkpoint, w2_request)
 
 
-def workloads() -> list[tuple[str, list[int], float, bool]]:
+def workloads(method: str) -> list[tuple[str, list[int], float, bool]]:
     """(name, prompt, temperature, forced wrong drafts)."""
     w2 = w2_request().prompt_token_ids
+    if method == "draft_model":
+        return [("repeating (greedy)", w2, 0.0, False), ("sampled (T=1)", w2, 1.0, False)]
     return [("repeating (greedy)", w2, 0.0, False), ("no match (T=1)", w2, 1.0, False),
             ("wrong drafts (T=1)", w2, 1.0, True)]
+
+
+def draft_checkpoint(model_dir: Path, num_layers: int) -> Path:
+    """The model's first `num_layers` layers as a draft model, built once beside it."""
+    from pyengine.testing.checkpoints import build_truncated_checkpoint
+
+    path = model_dir.parent / f"{model_dir.name}-first{num_layers}"
+    if not (path / "config.json").is_file():
+        build_truncated_checkpoint(model_dir, path, num_layers)
+    return path
 
 
 def decode_rate(engine, prompt: list[int], temperature: float, new_tokens: int, wrong_drafts: bool = False):
@@ -61,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    p.add_argument("--method", choices=["ngram", "draft_model"], default="ngram")
+    p.add_argument("--draft-layers", type=int, default=1, help="draft_model: the model layers the draft keeps")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=128)
     args = p.parse_args(argv)
@@ -74,12 +94,18 @@ def main(argv: list[str] | None = None) -> int:
                       kv_cache_config=KvCacheConfig(max_tokens=2048, enable_block_reuse=False),
                       scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=512))
 
-    plain, spec = engine(None), engine(SpeculativeConfig(num_speculative_tokens=args.k))
-    print(f"Speculative decoding (prompt lookup, k={args.k}), batch 1, smollm-135m-shape {args.dtype}, "
+    if args.method == "draft_model":
+        draft = draft_checkpoint(model_dir, args.draft_layers)
+        config = SpeculativeConfig(method="draft_model", draft_model=draft, num_speculative_tokens=args.k)
+        source = f"draft model: the first {args.draft_layers} layer(s)"
+    else:
+        config, source = SpeculativeConfig(num_speculative_tokens=args.k), "prompt lookup"
+    plain, spec = engine(None), engine(config)
+    print(f"Speculative decoding ({source}, k={args.k}), batch 1, smollm-135m-shape {args.dtype}, "
           f"{machine_info()['cpu']}, {BENCH_THREADS} threads; median of {args.runs}")
     print("| workload | without tok/s | with tok/s | ratio | drafts accepted / verified | outputs equal |")
     print("|---|---|---|---|---|---|")
-    for name, prompt, temperature, wrong in workloads():
+    for name, prompt, temperature, wrong in workloads(args.method):
         decode_rate(plain, prompt, temperature, args.new_tokens)  # warm-up
         decode_rate(spec, prompt, temperature, args.new_tokens, wrong)
         a, b = [], []

@@ -565,7 +565,9 @@ int32_t BatchManager::Impl::update_generation(Request* r, const TokenId* tokens,
   r->num_accepted_draft_tokens += accepted;
   if (drafts > 0 && !r->drafts_from_caller) {
     r->draft_misses = accepted > 0 ? 0 : r->draft_misses + 1;
-    if (r->draft_misses >= 2) r->draft_pause = 1 << std::min(r->draft_misses - 2, 6);
+    // (a draft model backs off for 4 steps at most: its acceptance changes with the text, and
+    // its drafts cost less than a missed run of accepted ones)
+    if (r->draft_misses >= 2) r->draft_pause = 1 << std::min(r->draft_misses - 2, config_.model_drafts ? 2 : 6);
   }
   total_draft_tokens_ += drafts;
   total_accepted_draft_tokens_ += accepted;

@@ -383,6 +383,29 @@ TEST(prompt_lookup_backs_off_from_a_request_whose_drafts_keep_failing) {
   CHECK_EQ(bm.request_info(1).num_accepted_draft_tokens, int64_t{0});
 }
 
+TEST(a_draft_model_backs_off_for_four_steps_at_most) {
+  // Every draft is wrong (the model samples 99): after 2 misses in a row the request pauses
+  // drafting for 1, 2, then 4 steps at most (prompt lookup: up to 64).
+  BatchManagerConfig c = config(2);
+  c.model_drafts = true;
+  BatchManager bm(c);
+  add(bm, 1, {3, 50}, 100);
+  std::vector<int32_t> drafted_at;
+  for (int32_t s = 0; s < 30; ++s) {
+    const ForwardMetadata& m = bm.schedule(0.0);
+    if (m.num_draft_tokens > 0) {
+      drafted_at.push_back(s);
+      const Tokens drafts(static_cast<size_t>(m.num_draft_tokens), 7);
+      bm.set_scheduled_draft_tokens(drafts.data(), m.num_draft_tokens);
+    }
+    const Tokens sampled(static_cast<size_t>(m.num_logits), 99);
+    bm.update(sampled.data(), m.num_logits, 0.0);
+    bm.check_invariants();
+  }
+  // misses at 1, 2 (pause 1: step 3), 4 (pause 2: 5-6), 7 (pause 4: 8-11), 12, 17, 22, 27
+  CHECK_EQ(drafted_at, (std::vector<int32_t>{1, 2, 4, 7, 12, 17, 22, 27}));
+}
+
 TEST(model_drafts_are_placeholders_that_set_scheduled_draft_tokens_fills) {
   BatchManagerConfig c = config(3);
   c.model_drafts = true;
