@@ -110,6 +110,18 @@ def test_exact_integer_inputs_match_torch_bit_for_bit(cpu_isa):
     assert torch.equal(linear_f32(x.float(), w.float(), b.float()), ref)
 
 
+@pytest.mark.parametrize("cpu_isa", ["avx512"], indirect=True)
+def test_fp32_rows_do_not_depend_on_the_rows_batched_with_them(cpu_isa):
+    """AVX-512, fp32: every output is the same sum in the same order at any M (the tiles' code
+    at M == 1 too), so a row batched with others gives bit for bit what it gives alone -- what
+    makes speculative decoding's extra rows, and a request's batch neighbours, leave its logits
+    unchanged."""
+    x, w, b = make(16, 203, 577, seed=11, bias=True, dtype=torch.float32)
+    alone = torch.cat([linear_f32(x[i: i + 1], w, b) for i in range(16)])
+    for m in (2, 3, 4, 5, 8, 9, 16):
+        assert torch.equal(linear_f32(x[:m], w, b), alone[:m]), f"M={m}"
+
+
 @DTYPES
 def test_nan_and_inf_propagate(dtype, cpu_isa):
     x, w, _ = make(2, 20, 40, seed=5, bias=False, dtype=dtype)

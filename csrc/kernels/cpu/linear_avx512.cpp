@@ -1,14 +1,19 @@
 // The AVX-512 build of the linear kernels; dispatched to only on CPUs that have it.
 //
 // At batch 1 a linear layer is a GEMV: each weight element is used once per row of x, so the
-// kernel is bound by how fast it streams W from DRAM. M == 1 reads one weight row at a time,
-// strictly in order (what the hardware prefetchers follow best), several steps in flight in
-// independent accumulators; M >= 2 computes tiles of up to 4 x rows by 4 weight rows, so each
-// weight row is read from memory once whatever M is.
+// kernel is bound by how fast it streams W from DRAM. bf16 weights: M == 1 reads one weight row
+// at a time, strictly in order (what the hardware prefetchers follow best), several steps in
+// flight in independent accumulators; M >= 2 computes tiles of up to 4 x rows by 4 weight rows,
+// so each weight row is read from memory once whatever M is. fp32 weights: tiles at every M (8
+// weight rows at M == 1), each step's weight vectors loaded once into registers for all x rows
+// -- twice as fast at 4-8 rows as the bf16 layout's tiles (2-core AMD EPYC), as fast at one --
+// and every output is the same sum in the same order whatever M is: a row's result does not
+// depend on the rows batched with it.
 #include "parallel.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "isa_target.h"
 #include "linear_common.h"
@@ -54,8 +59,48 @@ inline void fma32(__m512& acc, const float* x, const float* w, __mmask32 mask) {
   acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), _mm512_maskz_loadu_ps(hi, w + 16), acc);
 }
 
+// fp32 weights: 16 columns a step; the step's R weight vectors are loaded once, into registers,
+// and used by every x row (MB * R accumulators + R weights + 1 x: at most 29 registers).
+template <int MB, int R>
+void tile_f32(const LinearArgs& a, const float* x, const float* w, float* out) {
+  const int32_t K = a.K;
+  const int64_t kp = a.kp;
+  __m512 acc[MB][R];
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  for (int32_t k = 0; k < K; k += 16) {
+    const __mmask16 mask = K - k >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (K - k)) - 1u);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) {
+      prefetch_l2(w + (R + r) * static_cast<int64_t>(K) + k);
+      wv[r] = _mm512_maskz_loadu_ps(mask, w + r * static_cast<int64_t>(K) + k);
+    }
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xv = _mm512_loadu_ps(x + m * kp + k);  // (zero-padded past K)
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r) out[m * R + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
 template <typename W>
 void rows_m1(const LinearArgs& a, int32_t n0, int32_t n1) {
+  if constexpr (std::is_same_v<W, float>) {  // fp32: the tiles' code, 8 weight rows at a time
+    constexpr int R = 8;
+    float out[R];
+    const float* w = static_cast<const float*>(a.w);
+    int32_t n = n0;
+    for (; n + R <= n1; n += R) {
+      tile_f32<1, R>(a, a.xf, w + static_cast<int64_t>(n) * a.K, out);
+      for (int r = 0; r < R; ++r) linear_store(a, 0, n + r, out[r]);
+    }
+    for (; n < n1; ++n) {
+      tile_f32<1, 1>(a, a.xf, w + static_cast<int64_t>(n) * a.K, out);
+      linear_store(a, 0, n, out[0]);
+    }
+    return;
+  }
   const int32_t K = a.K;
   const float* x = a.xf;
   for (int32_t n = n0; n < n1; ++n) {
@@ -79,6 +124,7 @@ void rows_m1(const LinearArgs& a, int32_t n0, int32_t n1) {
 // the next tile. out[m * R + r].
 template <typename W, int MB, int R>
 void tile(const LinearArgs& a, const float* x, const W* w, float* out) {
+  if constexpr (std::is_same_v<W, float>) return tile_f32<MB, R>(a, x, w, out);
   const int32_t K = a.K;
   const int64_t kp = a.kp;
   __m512 acc[MB][R];
