@@ -278,3 +278,40 @@ def test_with_stop_strings_logprobs_priorities_and_chat(llama_dir):
                              chat_template=template))[-1]
     assert reply.text in CHOICES
     engine.check_resources()
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_constrained_requests_speculate(llama_dir, expected_alone, method, tmp_path_factory):
+    """Speculative decoding: a constrained request's drafts are checked against its grammar
+    (the matcher advances through them and rolls back): outputs stay valid; with prompt
+    lookup's point-mass drafts, seeded outputs are those without speculation."""
+    from pyengine import SpeculativeConfig
+    from pyengine.testing.checkpoints import build_truncated_checkpoint
+    if method == "ngram":
+        spec = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=2)
+    else:
+        draft = build_truncated_checkpoint(llama_dir, tmp_path_factory.mktemp("guided_draft") / "model", 1)
+        spec = SpeculativeConfig(method="draft_model", draft_model=draft, num_speculative_tokens=3)
+    prompts, params = mixed_batch()
+    engine = make_engine(llama_dir, speculative_config=spec)
+    outs = engine.generate(prompts, params, use_tqdm=False)
+    if method == "ngram":
+        assert [o.token_ids for o in outs] == expected_alone
+    for o, sp in zip(outs, params):
+        if sp.guided_decoding is not None:
+            check_valid(sp.guided_decoding.kind, o.text)
+            assert o.finish_reason == "stop"
+    guided = [o for o, sp in zip(outs, params) if sp.guided_decoding is not None]
+    assert sum(o.metrics.num_draft_tokens for o in guided) > 0
+    assert sum(o.metrics.num_accepted_draft_tokens for o in guided) > 0
+    engine.check_resources()
+    # a grammar that ends the request itself (ignore_eos: its end-of-sequence token does not):
+    # tokens accepted after the grammar's end are dropped
+    for sp in (constrained("regex", 3, ignore_eos=True), constrained("choice", 0, temperature=0.0)):
+        plain = make_engine(llama_dir).generate(PROMPTS[0], sp, use_tqdm=False)[0]
+        o = engine.generate(PROMPTS[0], sp, use_tqdm=False)[0]
+        assert o.finish_reason == plain.finish_reason == "stop"
+        check_valid(sp.guided_decoding.kind, o.text)
+        if method == "ngram":
+            assert (o.token_ids, o.text, o.stop_reason) == (plain.token_ids, plain.text, plain.stop_reason)
+    engine.check_resources()

@@ -76,8 +76,8 @@ class Engine:
     speculative_config: speculative decoding (SpeculativeConfig; None: off): a step verifies
         draft tokens of each generating request along with its next token, so it can yield
         several tokens for about the price of one. Greedy and seeded outputs are unchanged.
-        Requests with repetition/presence/frequency penalties, logits processors or guided
-        decoding do not speculate (docs/speculative_decoding.md).
+        Requests with repetition/presence/frequency penalties or logits processors do not
+        speculate (docs/speculative_decoding.md).
 
     The CPU kernels run at the highest instruction-set level the CPU supports (see
     `pyengine.cpu_info()`); the PYENGINE_CPU_ISA environment variable ("generic", "avx2",

@@ -31,6 +31,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
+import torch
+
 from pyengine.core import CoreBatchManager, FinishReason
 from pyengine.engine.interrupts import InterruptGate
 from pyengine.engine.outputs import RequestOutput, RequestRecord, metrics_from_core
@@ -38,7 +40,7 @@ from pyengine.engine.requests import RequestTable
 from pyengine.engine.step_cost import OnlineStepCost, batch_shape
 from pyengine.runtime.draft_runner import DraftModelRunner, Proposal
 from pyengine.runtime.model_runner import Forwarded, ModelRunner
-from pyengine.sampling import SampleResult, Sampler, drafts_allowed
+from pyengine.sampling import DraftRows, SampleResult, Sampler, drafts_allowed
 from pyengine.sampling.logprobs import PromptRows, prompt_logprob_rows, record_prompt_logprobs
 
 logger = logging.getLogger("pyengine")
@@ -278,11 +280,24 @@ class StepLoop:
     def _sample(self, batch: Batch, forwarded: Forwarded) -> SampleResult:
         """Samples the batch (padding rows too: their tokens go to the scratch row); changes no
         state (_update commits it). On a GPU the tokens start their way to the host."""
-        offsets = self.runner.logits_offsets[: forwarded.num_rows] if batch.num_drafts else None
-        drafts = batch.proposal.rows if batch.proposal is not None and batch.num_drafts else None
+        offsets = drafts = None
+        if batch.num_drafts:
+            offsets = self.runner.logits_offsets[: forwarded.num_rows]
+            drafts = batch.proposal.rows if batch.proposal is not None else self._lookup_drafts(forwarded.num_rows)
         result = self.sampler.sample(forwarded.logits[: forwarded.num_rows], forwarded.slots, offsets, drafts)
         result.host_tokens, result.ready = self.runner.tokens_to_host(result.tokens)
         return result
+
+    def _lookup_drafts(self, n: int) -> DraftRows:
+        """Prompt lookup's (or a caller's) drafts as the n logits rows see them: the draft after
+        row i is the input of token row i + 1 where that row is the same sequence's next
+        (generation sequences come first, their logits rows one to one with their token rows)."""
+        offsets = self.runner.logits_offsets[:n].to(torch.int64)
+        ids = self.runner.input_ids[:n].to(torch.int64)
+        following = torch.full((n,), -1, dtype=torch.int64)
+        if n > 1:
+            following[:-1] = torch.where(offsets[1:] == offsets[:-1] + 1, ids[1:], -1)
+        return DraftRows(following.to(self.sampler.device), None)
 
     def _update(self, batch: Batch, forwarded: Forwarded, result: SampleResult) -> list[UpdateItem]:
         """Commits a sampled step: sampler counters, the token buffer, the batch manager's update
@@ -369,8 +384,9 @@ class StepLoop:
             last = i == len(tokens) - 1
             # guided decoding: a grammar that accepted this token as its end ends the request
             # (when the core has not: ignore_eos, or a grammar that ends without an
-            # end-of-sequence token)
-            grammar_end = rec.matcher is not None and rec.matcher.is_terminated()
+            # end-of-sequence token); tokens after it (accepted drafts) are dropped
+            end_at = None if rec.matcher is None else rec.matcher.terminated_at
+            grammar_end = end_at is not None and end_at <= len(rec.token_ids) + 1
             piece, stopped = rec.append_token(token, logprobs[i], final=(done and last) or grammar_end)
             new_text += piece
             kept.append(token)

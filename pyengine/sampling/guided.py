@@ -167,17 +167,26 @@ class GrammarBackend:
 
 class RequestGrammar:
     """One constrained request's grammar state: the xgrammar matcher, and a token mask its
-    bitmask rows are ANDed with (None: none)."""
+    bitmask rows are ANDed with (None: none). `num_accepted` counts the generated tokens it
+    accepted; `terminated_at` is that count when the grammar ended (None: not ended), so the
+    token that ended it is known among several a step emits (speculative decoding)."""
 
     def __init__(self, matcher: Any, allowed: Any = None) -> None:
         self.matcher = matcher
         self.allowed = allowed
+        self.num_accepted = 0
+        self.terminated_at: int | None = None
 
     def is_terminated(self) -> bool:
         return self.matcher.is_terminated()
 
     def accept_token(self, token: int) -> bool:
-        return self.matcher.accept_token(token)
+        ok = self.matcher.accept_token(token)
+        if ok:
+            self.num_accepted += 1
+            if self.terminated_at is None and self.matcher.is_terminated():
+                self.terminated_at = self.num_accepted
+        return ok
 
     @property
     def stop_token_ids(self) -> list[int]:

@@ -222,11 +222,12 @@ class SampleResult:
 
 def drafts_allowed(params: SamplingParams) -> bool:
     """Whether a request may carry draft tokens (speculative decoding): its rows sample
-    independently given the row's position (`offsets` in Sampler.sample). Penalties, logits
-    processors and grammars make a row depend on the tokens before it in the same step, state
-    the sampler keeps per slot, not per draft: such requests do not speculate."""
+    independently given the row's position (`offsets` in Sampler.sample), or, under a grammar,
+    given the drafts before it (the matcher advances through them and rolls back). Penalties
+    and logits processors make a row depend on the tokens before it in the same step, state the
+    sampler keeps per slot, not per draft: such requests do not speculate."""
     return (params.repetition_penalty == 1 and params.presence_penalty == 0 and params.frequency_penalty == 0
-            and not params.logits_processors and params.guided_decoding is None)
+            and not params.logits_processors)
 
 
 class Sampler:
@@ -364,7 +365,8 @@ class Sampler:
                     for fn in entry[0]:
                         x[i] = fn(entry[1], x[i])
         if self._active["guided"]:
-            x = self._apply_grammar_masks(x, rows)
+            x = (self._apply_grammar_masks(x, rows) if offsets is None or drafts is None
+                 else self._apply_grammar_masks_with_drafts(x, rows, drafts.next_tokens))
         if self._active["repetition"] or self._active["penalty"]:
             counts = self.counts[rows]
             if self._active["repetition"]:
@@ -461,6 +463,49 @@ class Sampler:
         if out.is_cuda:
             xgr.apply_token_bitmask_inplace(out, mask.to(out.device, non_blocking=True), vocab_size=self.vocab_size)
         else:  # pyengine's kernel: xgrammar's CPU path tests every bit (~10x slower at a 49k vocabulary)
+            _core._apply_token_bitmask(out.data_ptr(), out.stride(0), mask.data_ptr(), mask.stride(0), out.shape[0],
+                                       self.vocab_size, torch.get_num_threads())
+        return out
+
+    def _apply_grammar_masks_with_drafts(self, x: torch.Tensor, rows: torch.Tensor,
+                                         next_tokens: torch.Tensor) -> torch.Tensor:
+        """x masked by the constrained rows' grammars where a request's rows carry drafts (a
+        copy): a request's row j is masked by its grammar after drafts 1..j, the matcher
+        advancing through them and rolling back after. A draft the grammar rejects is never
+        allowed at the row before it, so the draft is rejected there and the rows after it
+        are dropped (their masks do not matter); after a draft that completes the grammar,
+        only that draft's row ends the request (RequestGrammar.terminated_at)."""
+        import xgrammar as xgr
+        slots = rows.tolist()
+        following = next_tokens.tolist()
+        picked = [i for i, slot in enumerate(slots) if slot in self._matchers]
+        if not picked:
+            return x
+        mask = torch.full((x.shape[0], xgr.get_bitmask_shape(1, self.vocab_size)[1]), -1, dtype=torch.int32)
+        advanced: dict[int, int] = {}  # slot -> drafts its matcher accepted for this call
+        stuck: set[int] = set()        # slots whose grammar rejected a draft (or ended)
+        for i in picked:
+            slot = slots[i]
+            grammar = self._matchers[slot]
+            if slot in stuck or grammar.is_terminated():
+                continue
+            grammar.matcher.fill_next_token_bitmask(mask, i)
+            if grammar.allowed is not None:
+                mask[i] &= grammar.allowed
+            draft = following[i]
+            if draft >= 0 and i + 1 < len(slots) and slots[i + 1] == slot:
+                if grammar.matcher.accept_token(draft) and not grammar.is_terminated():
+                    advanced[slot] = advanced.get(slot, 0) + 1
+                else:
+                    if grammar.is_terminated():
+                        advanced[slot] = advanced.get(slot, 0) + 1
+                    stuck.add(slot)
+        for slot, n in advanced.items():
+            self._matchers[slot].matcher.rollback(n)
+        out = x.to(torch.float32, copy=True).contiguous()
+        if out.is_cuda:
+            xgr.apply_token_bitmask_inplace(out, mask.to(out.device, non_blocking=True), vocab_size=self.vocab_size)
+        else:
             _core._apply_token_bitmask(out.data_ptr(), out.stride(0), mask.data_ptr(), mask.stride(0), out.shape[0],
                                        self.vocab_size, torch.get_num_threads())
         return out
