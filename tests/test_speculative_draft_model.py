@@ -144,3 +144,79 @@ def test_bad_draft_models_are_named(copying_dir, draft_dir, tmp_path):
     with pytest.raises(StartupError, match=r"handles 64 positions \(max_position_embeddings\), fewer than the "
                                            r"engine's max_seq_len=160"):
         make_engine(copying_dir, short)
+
+
+def drain(engine: Engine, prompts, params, budget_ms=None) -> list[list[int]]:
+    ids = [engine.add_request(p, params) for p in prompts]
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step(budget_ms):
+            if out.finished:
+                done[out.request_id] = out.token_ids
+    engine.check_resources()
+    return [done[i] for i in ids]
+
+
+@pytest.mark.parametrize("budget_ms", [2.0, 5.0])
+def test_time_budgets_cut_drafts_not_outputs(copying_dir, draft_dir, budget_ms):
+    """A time budget cuts a step's drafts and prompt chunks (the draft model drafts what was
+    scheduled); outputs stay those without speculation or budget."""
+    from pyengine import StepCostModel
+    prompts = make_prompts(5)
+    reference = generate(make_engine(copying_dir, None), prompts, greedy())
+    spec = SpeculativeConfig(method="draft_model", draft_model=draft_dir, num_speculative_tokens=4)
+    engine = Engine(copying_dir, max_seq_len=160, seed=0, speculative_config=spec,
+                    kv_cache_config=KvCacheConfig(max_tokens=4096, tokens_per_block=8),
+                    scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=64,
+                                                     step_cost_model=StepCostModel(fixed_ms=1.0, per_token_ms=0.2)))
+    assert drain(engine, prompts, greedy(), budget_ms) == [o.token_ids for o in reference]
+    assert engine.stats()["num_accepted_draft_tokens"] > 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_failed_forward_after_drafting_changes_nothing(copying_dir, draft_dir, overlap):
+    """The model's forward fails after the draft model has run (and written its cache): the
+    step is undone, the drafter's state was not touched, and the run ends with the same
+    outputs."""
+    prompts = make_prompts(6)
+    reference = [o.token_ids for o in generate(make_engine(copying_dir, None), prompts, greedy())]
+    engine = make_engine(copying_dir, draft_dir, overlap=overlap)
+    runner = engine._loop.runner
+    original, calls = runner.forward, {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] in (5, 9):
+            raise RuntimeError("injected forward failure")
+        return original(*args, **kwargs)
+
+    runner.forward = failing
+    ids = [engine.add_request(p, greedy()) for p in prompts]
+    done, failures = {}, 0
+    while engine.has_unfinished_requests():
+        try:
+            outs = engine.step()
+        except RuntimeError as e:
+            assert "injected" in str(e)
+            failures += 1
+            continue
+        done.update((o.request_id, o.token_ids) for o in outs if o.finished)
+    engine.check_resources()
+    assert failures == 2
+    assert [done[i] for i in ids] == reference
+    assert engine.stats()["num_accepted_draft_tokens"] > 0
+
+
+def test_a_loaded_kv_cache_is_drafted_for(copying_dir, draft_dir, tmp_path):
+    """save_kv_cache keeps the model's K/V, not the draft's: prefixes loaded from a file are
+    drafted for from an empty draft cache -- the same outputs, prefix reused."""
+    prompts = make_prompts(7, (40, 48))
+    warm = make_engine(copying_dir, draft_dir)  # (prefix reuse is on by default)
+    first = generate(warm, prompts, greedy(16))
+    path = tmp_path / "cache.pekv"
+    assert warm.save_kv_cache(path)["blocks"] > 0
+    engine = make_engine(copying_dir, draft_dir)
+    engine.load_kv_cache(path)
+    again = generate(engine, prompts, greedy(16))
+    assert [o.token_ids for o in again] == [o.token_ids for o in first]
+    assert all(o.metrics.num_reused_tokens > 0 for o in again)
