@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from hf_reference import hf_greedy
+from speculative_common import (NEW_TOKENS, PROMPT_LENGTHS, generate, greedy, make_prompts, seeded_params,
+                                total_variation)
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig, SpeculativeConfig, StartupError
 
-PROMPT_LENGTHS = (5, 9, 17, 30, 41, 64)
-NEW_TOKENS = 48
 
 
 @pytest.fixture(params=["ngram", "draft_model"])
@@ -26,11 +26,6 @@ def spec(request, draft_dir) -> SpeculativeConfig:
     return SpeculativeConfig(method="draft_model", draft_model=draft_dir, num_speculative_tokens=4)
 
 
-def make_prompts(seed: int = 0, lengths=PROMPT_LENGTHS) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 500) for _ in range(n)] for n in lengths]
-
-
 def make_engine(model_dir, spec: SpeculativeConfig | None, *, overlap=False, max_batch_size=4, max_num_tokens=64,
                 max_tokens=4096, policy="guaranteed_no_evict", reuse=False, chunked=True) -> Engine:
     return Engine(model_dir, max_seq_len=160, seed=0, overlap=overlap, speculative_config=spec,
@@ -38,16 +33,6 @@ def make_engine(model_dir, spec: SpeculativeConfig | None, *, overlap=False, max
                   scheduler_config=SchedulerConfig(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens,
                                                    capacity_scheduler_policy=policy,
                                                    enable_chunked_prefill=chunked))
-
-
-def greedy(**kw) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=kw.pop("max_tokens", NEW_TOKENS), ignore_eos=True, **kw)
-
-
-def generate(engine: Engine, prompts, params) -> list:
-    outs = engine.generate(prompts, params, use_tqdm=False)
-    engine.check_resources()
-    return outs
 
 
 @pytest.fixture(scope="module")
@@ -142,12 +127,9 @@ def test_wrong_drafts_are_all_rejected(copying_dir, reference):
 def test_seeded_sampling_is_that_without_speculation(copying_dir, overlap):
     # the counter-based sampler draws token g of a request from (its logits, seed, g) alone,
     # and a prompt-lookup draft is accepted exactly when the draw equals it: the emitted
-    # tokens are the draws of decoding without speculation. (This model's logits are small:
-    # low temperatures keep its habit of repeating itself, so that drafts get accepted.)
+    # tokens are the draws of decoding without speculation
     prompts = make_prompts(2)
-    params = [SamplingParams(temperature=t, top_p=p, top_k=k, seed=10 + i, max_tokens=40, ignore_eos=True)
-              for i, (t, p, k) in enumerate([(0.005, 1.0, -1), (0.01, 0.9, -1), (0.02, 1.0, 20), (0.01, 0.8, 5),
-                                             (0.05, 1.0, -1), (0.3, 0.95, -1)])]
+    params = seeded_params()
     plain = generate(make_engine(copying_dir, None), prompts, params)
     engine = make_engine(copying_dir, SPEC, overlap=overlap)
     spec = generate(engine, prompts, params)
@@ -175,10 +157,7 @@ def test_accepted_tokens_follow_the_target_distribution(copying_dir):
         return torch.tensor([o.token_ids[1] for o in outs])
 
     a, b = second_tokens(False), second_tokens(True)
-    assert len(set(a.tolist())) > 5, "the distribution is not a point mass"
-    vocab = int(max(a.max(), b.max())) + 1
-    pa, pb = (torch.bincount(x, minlength=vocab).double() / len(x) for x in (a, b))
-    assert 0.5 * float((pa - pb).abs().sum()) < 0.12
+    assert total_variation(a, b) < 0.12
 
 
 def test_stop_strings_and_stop_tokens_inside_accepted_drafts(copying_dir, spec, reference):

@@ -6,19 +6,13 @@ run with each; the batch manager's placeholders and KV rewind: tests/cpp/test_sp
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig, SpeculativeConfig, StartupError
 from pyengine.sampling.sampler import DraftRows, _verify_drafts
 from pyengine.testing.checkpoints import build_tiny_checkpoint
-
-
-def make_prompts(seed: int = 0, lengths=(5, 9, 17, 30, 41, 64)) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 500) for _ in range(n)] for n in lengths]
+from speculative_common import generate, greedy, make_prompts, seeded_params, total_variation
 
 
 def make_engine(model_dir, draft, k: int = 4, **kw) -> Engine:
@@ -27,16 +21,6 @@ def make_engine(model_dir, draft, k: int = 4, **kw) -> Engine:
     return Engine(model_dir, max_seq_len=160, seed=0, speculative_config=spec, overlap=kw.pop("overlap", False),
                   kv_cache_config=KvCacheConfig(max_tokens=4096, tokens_per_block=8),
                   scheduler_config=SchedulerConfig(max_batch_size=kw.pop("max_batch_size", 4), max_num_tokens=64))
-
-
-def greedy(max_tokens: int = 48) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-
-
-def generate(engine: Engine, prompts, params) -> list:
-    outs = engine.generate(prompts, params, use_tqdm=False)
-    engine.check_resources()
-    return outs
 
 
 def test_the_model_as_its_own_draft_has_every_draft_accepted(copying_dir):
@@ -72,9 +56,7 @@ def test_seeded_sampling_is_reproducible(copying_dir, draft_dir, overlap):
     seed: a seeded request gets the same tokens every run, with or without the overlap loop
     (though not those of decoding without speculation)."""
     prompts = make_prompts(2)
-    params = [SamplingParams(temperature=t, top_p=p, top_k=k, seed=10 + i, max_tokens=40, ignore_eos=True)
-              for i, (t, p, k) in enumerate([(0.005, 1.0, -1), (0.01, 0.9, -1), (0.02, 1.0, 20), (0.01, 0.8, 5),
-                                             (0.05, 1.0, -1), (0.3, 0.95, -1)])]
+    params = seeded_params()
     first = generate(make_engine(copying_dir, draft_dir), prompts, params)
     engine = make_engine(copying_dir, draft_dir, overlap=overlap)
     again = generate(engine, prompts, params)
@@ -122,10 +104,7 @@ def test_sampled_tokens_follow_the_target_distribution(copying_dir, draft_dir):
         return torch.tensor([o.token_ids[1] for o in generate(engine, [prompt] * len(params), params)])
 
     a, b = second_tokens(None), second_tokens(draft_dir)
-    assert len(set(a.tolist())) > 5, "the distribution is not a point mass"
-    vocab = int(max(a.max(), b.max())) + 1
-    pa, pb = (torch.bincount(x, minlength=vocab).double() / len(x) for x in (a, b))
-    assert 0.5 * float((pa - pb).abs().sum()) < 0.12
+    assert total_variation(a, b) < 0.12
 
 
 def test_bad_draft_models_are_named(copying_dir, draft_dir, tmp_path):
