@@ -188,7 +188,8 @@ def _generate(args: argparse.Namespace) -> int:
     from pyengine import Engine
 
     params = _sampling_params(args)  # bad values fail before the model is loaded
-    with Engine(args.model, dtype=args.dtype, max_seq_len=args.max_seq_len) as engine:
+    spec = _speculative_config(args)
+    with Engine(args.model, dtype=args.dtype, max_seq_len=args.max_seq_len, speculative_config=spec) as engine:
         engine.add_request(args.prompt, params)
         while engine.has_unfinished_requests():
             for out in engine.step():
@@ -200,7 +201,26 @@ def _generate(args: argparse.Namespace) -> int:
                         sys.stdout.write(out.text)
                     stop = f", stop_reason={out.stop_reason!r}" if out.stop_reason is not None else ""
                     sys.stdout.write(f"\n[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}{stop}]\n")
+                    if spec is not None:
+                        m = out.metrics
+                        sys.stderr.write(f"[speculative decoding: {m.num_accepted_draft_tokens} of "
+                                         f"{m.num_draft_tokens} draft tokens accepted]\n")
     return 0
+
+
+def _speculative_config(args: argparse.Namespace):
+    """--speculative-method / --num-speculative-tokens / --draft-model as a SpeculativeConfig (None: off)."""
+    from pyengine import SpeculativeConfig
+
+    method = args.speculative_method
+    if method is None and args.draft_model is not None:
+        method = "draft_model"
+    if method is None:
+        if args.num_speculative_tokens is not None:
+            raise ValueError("--num-speculative-tokens needs --speculative-method (ngram or draft_model)")
+        return None
+    kw = {} if args.num_speculative_tokens is None else {"num_speculative_tokens": args.num_speculative_tokens}
+    return SpeculativeConfig(method=method, draft_model=args.draft_model, **kw)
 
 
 def _error_message(e: BaseException) -> str:
@@ -246,6 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     gen.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                      help="print the text as it is generated (default) or all at the end")
+    gen.add_argument("--speculative-method", choices=["ngram", "draft_model"], default=None,
+                     help="speculative decoding: drafts from prompt lookup (ngram) or from --draft-model")
+    gen.add_argument("--num-speculative-tokens", type=int, default=None,
+                     help="draft tokens a step verifies at most (default 3)")
+    gen.add_argument("--draft-model", default=None, metavar="DIR",
+                     help="a smaller model with the same tokenizer that proposes the drafts "
+                          "(implies --speculative-method draft_model)")
     for p in (demo, gen):
         p.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
                        help="weights and activations (default float32; all three run on the CPU)")

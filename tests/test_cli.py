@@ -122,6 +122,21 @@ def test_generate_stop_strings(llama_dir, greedy):
     assert out == text[: text.index(stop)]  # cut before the stop string
 
 
+def test_generate_with_speculative_decoding(llama_dir, greedy, tmp_path):
+    """Greedy text is the same with either source of drafts; acceptance goes to stderr."""
+    from pyengine.testing.checkpoints import build_truncated_checkpoint
+    draft = build_truncated_checkpoint(llama_dir, tmp_path / "draft", 1)
+    base = ["generate", "--model", str(llama_dir), "--prompt", PROMPT, "--max-tokens", "16", "--ignore-eos"]
+    for extra in (["--speculative-method", "ngram", "--num-speculative-tokens", "2"], ["--draft-model", str(draft)]):
+        done = pyengine(*base, *extra)
+        assert generated(done) == (greedy[0], 16, "length")
+        assert re.search(r"\[speculative decoding: \d+ of \d+ draft tokens accepted\]", done.stderr), done.stderr
+    assert_one_line_error(pyengine(*base, "--num-speculative-tokens", "2"),
+                          "--num-speculative-tokens needs --speculative-method")
+    assert_one_line_error(pyengine(*base, "--speculative-method", "draft_model"),
+                          "speculative method 'draft_model' needs draft_model=")
+
+
 # ---- demo ---------------------------------------------------------------------------------
 
 
