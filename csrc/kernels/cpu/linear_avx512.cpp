@@ -1,14 +1,14 @@
 // The AVX-512 build of the linear kernels; dispatched to only on CPUs that have it.
 //
 // At batch 1 a linear layer is a GEMV: each weight element is used once per row of x, so the
-// kernel is bound by how fast it streams W from DRAM. bf16 weights: M == 1 reads one weight row
-// at a time, strictly in order (what the hardware prefetchers follow best), several steps in
-// flight in independent accumulators; M >= 2 computes tiles of up to 4 x rows by 4 weight rows,
-// so each weight row is read from memory once whatever M is. fp32 weights: tiles at every M (8
-// weight rows at M == 1), each step's weight vectors loaded once into registers for all x rows
-// -- twice as fast at 4-8 rows as the bf16 layout's tiles (2-core AMD EPYC), as fast at one --
-// and every output is the same sum in the same order whatever M is: a row's result does not
-// depend on the rows batched with it.
+// kernel is bound by how fast it streams W from DRAM. M == 1 reads one weight row at a time,
+// strictly in order (what the hardware prefetchers follow best), several steps in flight in
+// independent accumulators; M >= 2 computes tiles of up to 4 x rows by 4 weight rows, so each
+// weight row is read from memory once whatever M is. fp32 tiles load each step's weight
+// vectors once, into registers, for all the tile's x rows: on a 2-core AMD EPYC twice as fast
+// at 4 rows as loading them per x row. From M == 2 on, every output is the same sum in the same
+// order whatever M is: a row's result does not depend on the rows batched with it. (Tiles of 8
+// weight rows at M == 1 would extend that to M == 1, at a few percent of W2's decode speed.)
 #include "parallel.h"
 
 #include <algorithm>
@@ -86,21 +86,6 @@ void tile_f32(const LinearArgs& a, const float* x, const float* w, float* out) {
 
 template <typename W>
 void rows_m1(const LinearArgs& a, int32_t n0, int32_t n1) {
-  if constexpr (std::is_same_v<W, float>) {  // fp32: the tiles' code, 8 weight rows at a time
-    constexpr int R = 8;
-    float out[R];
-    const float* w = static_cast<const float*>(a.w);
-    int32_t n = n0;
-    for (; n + R <= n1; n += R) {
-      tile_f32<1, R>(a, a.xf, w + static_cast<int64_t>(n) * a.K, out);
-      for (int r = 0; r < R; ++r) linear_store(a, 0, n + r, out[r]);
-    }
-    for (; n < n1; ++n) {
-      tile_f32<1, 1>(a, a.xf, w + static_cast<int64_t>(n) * a.K, out);
-      linear_store(a, 0, n, out[0]);
-    }
-    return;
-  }
   const int32_t K = a.K;
   const float* x = a.xf;
   for (int32_t n = n0; n < n1; ++n) {
