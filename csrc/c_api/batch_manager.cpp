@@ -72,6 +72,7 @@ pe_batch_manager_config pe_batch_manager_config_default(void) {
   c.ngram_drafts = d.ngram_drafts ? 1 : 0;
   c.prompt_lookup_min = d.prompt_lookup_min;
   c.prompt_lookup_max = d.prompt_lookup_max;
+  c.model_drafts = d.model_drafts ? 1 : 0;
   return c;
 }
 
@@ -101,6 +102,7 @@ pe_status pe_batch_manager_create(const pe_batch_manager_config* config, pe_batc
     c.ngram_drafts = config->ngram_drafts != 0;
     c.prompt_lookup_min = config->prompt_lookup_min;
     c.prompt_lookup_max = config->prompt_lookup_max;
+    c.model_drafts = config->model_drafts != 0;
     *out = new pe_batch_manager(c);
     return ok();
   });
@@ -145,6 +147,15 @@ pe_status pe_batch_manager_set_draft_tokens(pe_batch_manager* bm, int64_t id, co
     if (n < 0) throw Error{PE_ERR_INVALID_ARGUMENT, "n: must be >= 0, got " + std::to_string(n)};
     if (n > 0) require(tokens, "tokens");
     if (!bm->bm.set_draft_tokens(id, tokens, n)) unknown_request(id, " (or it is not generating)");
+    return ok();
+  });
+}
+
+pe_status pe_batch_manager_set_scheduled_draft_tokens(pe_batch_manager* bm, const int32_t* tokens, int32_t n) {
+  return guarded([&] {
+    require(bm, "bm");
+    if (n > 0) require(tokens, "tokens");
+    bm->bm.set_scheduled_draft_tokens(tokens, n);
     return ok();
   });
 }

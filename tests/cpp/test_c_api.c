@@ -361,9 +361,48 @@ static void test_speculative_drafts(void) {
   pe_batch_manager_free(bm);
 }
 
+/* A draft model's drafts: placeholders at the schedule, filled before the update. */
+static void test_model_drafts(void) {
+  pe_batch_manager_config c = small_config();
+  pe_batch_manager* bm = NULL;
+  pe_forward_metadata m;
+  pe_step_events e;
+  pe_request_params p = pe_request_params_default();
+  const int32_t prompt[3] = {10, 11, 12};
+  const int32_t first = 20, drafts[2] = {21, 22}, sampled[3] = {21, 77, 5};
+  c.num_speculative_tokens = 2;
+  c.model_drafts = 1;
+  CHECK_OK(pe_batch_manager_create(&c, &bm));
+  p.prompt = prompt;
+  p.prompt_len = 3;
+  p.max_new_tokens = 10;
+  CHECK_OK(pe_batch_manager_add_request(bm, 1, &p, 0.0));
+  CHECK_OK(pe_batch_manager_schedule(bm, 0.0, &m));
+  CHECK_OK(pe_batch_manager_update(bm, &first, 1, 0.0));
+  CHECK_OK(pe_batch_manager_schedule(bm, 0.0, &m));
+  CHECK(m.num_tokens == 3 && m.num_draft_tokens == 2);
+  CHECK_ERROR(pe_batch_manager_set_scheduled_draft_tokens(bm, drafts, 1), PE_ERR_INVALID_ARGUMENT,
+              "the batch has 2 draft tokens, got 1");
+  CHECK_OK(pe_batch_manager_set_scheduled_draft_tokens(bm, drafts, 2));
+  {
+    const int32_t inputs[3] = {20, 21, 22};
+    check_ints("input_ids", m.input_ids, inputs, 3);
+  }
+  CHECK_OK(pe_batch_manager_update(bm, sampled, 3, 0.0));
+  CHECK_OK(pe_batch_manager_events(bm, &e));
+  {
+    const int32_t tokens[2] = {21, 77};  /* 21 accepted, 22 rejected (77 sampled there) */
+    CHECK(e.num_outputs == 2);
+    check_ints("tokens", e.tokens, tokens, 2);
+  }
+  CHECK_OK(pe_batch_manager_check_invariants(bm));
+  pe_batch_manager_free(bm);
+}
+
 int main(void) {
   test_schedule_update_loop();
   test_speculative_drafts();
+  test_model_drafts();
   test_bad_input();
   test_kernels();
   if (failures != 0) {

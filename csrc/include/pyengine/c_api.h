@@ -91,6 +91,9 @@ typedef struct pe_batch_manager_config {
   int32_t ngram_drafts;
   int32_t prompt_lookup_min;
   int32_t prompt_lookup_max;
+  /* whether schedule gives every generating request its draft limit of placeholders, which
+   * pe_batch_manager_set_scheduled_draft_tokens fills (a draft model run after the schedule) */
+  int32_t model_drafts;
 } pe_batch_manager_config;
 
 /* The C++ defaults (num_blocks 0: set it). Thread-safe. */
@@ -133,6 +136,13 @@ pe_status pe_batch_manager_add_request(pe_batch_manager* bm, int64_t id, const p
  * proposer's (e.g. a draft model's), as BatchManager::set_draft_tokens. PE_ERR_NOT_FOUND if
  * unknown or not generating; PE_ERR_INVALID_ARGUMENT for a token outside the vocabulary. */
 pe_status pe_batch_manager_set_draft_tokens(pe_batch_manager* bm, int64_t id, const int32_t* tokens, int32_t n);
+
+/* The drafts of the batch the last schedule returned, replacing its placeholders (model_drafts):
+ * n == the metadata's num_draft_tokens, each generation sequence's in batch order; also written
+ * into the metadata's input_ids. Call it before the forward and before update, which accepts
+ * drafts against them. PE_ERR_INVALID_ARGUMENT (nothing changed) for another count or a token
+ * outside the vocabulary. */
+pe_status pe_batch_manager_set_scheduled_draft_tokens(pe_batch_manager* bm, const int32_t* tokens, int32_t n);
 
 /* The most draft tokens a step of request `id` may carry (0: it never speculates).
  * PE_ERR_NOT_FOUND if unknown; PE_ERR_INVALID_ARGUMENT outside [0, num_speculative_tokens]. */
