@@ -21,6 +21,7 @@ lookup, and with a draft model only in distribution (its rejection rule draws di
     python bench/speculative.py                  # float32, k = 4
     python bench/speculative.py --dtype bfloat16 --k 4 --runs 3
     python bench/speculative.py --method draft_model --draft-layers 1 --k 3
+    python bench/speculative.py --method draft_model --draft-layers 0 --draft-quantization q4_0 --k 4
 """
 
 from __future__ import annotations
@@ -80,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     p.add_argument("--method", choices=["ngram", "draft_model"], default="ngram")
-    p.add_argument("--draft-layers", type=int, default=1, help="draft_model: the model layers the draft keeps")
+    p.add_argument("--draft-layers", type=int, default=1,
+                   help="draft_model: the model layers the draft keeps (0: all, the model itself)")
+    p.add_argument("--draft-quantization", default=None,
+                   help="draft_model: quantize the draft at load (e.g. q4_0; float32 only)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=128)
     args = p.parse_args(argv)
@@ -95,9 +99,13 @@ def main(argv: list[str] | None = None) -> int:
                       scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=512))
 
     if args.method == "draft_model":
-        draft = draft_checkpoint(model_dir, args.draft_layers)
-        config = SpeculativeConfig(method="draft_model", draft_model=draft, num_speculative_tokens=args.k)
-        source = f"draft model: the first {args.draft_layers} layer(s)"
+        draft = draft_checkpoint(model_dir, args.draft_layers) if args.draft_layers else model_dir
+        config = SpeculativeConfig(method="draft_model", draft_model=draft, num_speculative_tokens=args.k,
+                                   draft_quantization=args.draft_quantization)
+        source = (f"draft model: the first {args.draft_layers} layer(s)" if args.draft_layers
+                  else "draft model: the model itself")
+        if args.draft_quantization:
+            source += f", quantized to {args.draft_quantization}"
     else:
         config, source = SpeculativeConfig(num_speculative_tokens=args.k), "prompt lookup"
     plain, spec = engine(None), engine(config)

@@ -158,6 +158,16 @@ class SchedulerConfig:
             raise ValueError(f"queue_policy must be one of {QUEUE_POLICIES}, got {self.queue_policy!r}")
 
 
+def quantization_name(value: str) -> str:
+    """A quantize-on-load format's canonical name, or a mixture's (ValueError naming both kinds)."""
+    if str(value).lower() in MIXTURES:
+        return str(value).lower()
+    try:
+        return quant_format(value).name
+    except ValueError as e:
+        raise ValueError(f"{e}; or the mixture {', '.join(MIXTURES)}") from None
+
+
 SPECULATIVE_METHODS = ("ngram", "draft_model")
 
 
@@ -180,6 +190,10 @@ class SpeculativeConfig:
     prompt_lookup_min, prompt_lookup_max: the n-gram sizes tried ("ngram").
     draft_model: the draft model's Hugging Face checkpoint directory ("draft_model"; its
         tokenizer must be the target's). It runs in the engine's dtype, on the CPU.
+    draft_quantization: quantize the draft model's weights at load ("draft_model"; a format
+        or mixture as EngineConfig.quantization takes, e.g. "q4_0"; the engine's dtype must be
+        float32). The model's own checkpoint quantized to 4 bits is a draft that agrees with
+        it most of the time and reads a fraction of its bytes.
     """
 
     method: str = "ngram"
@@ -187,6 +201,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     draft_model: str | Path | None = None
+    draft_quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -200,6 +215,11 @@ class SpeculativeConfig:
         elif self.draft_model is not None:
             raise ValueError(f"draft_model={str(self.draft_model)!r} is for method='draft_model', "
                              f"not {self.method!r}")
+        if self.draft_quantization is not None:
+            if self.method != "draft_model":
+                raise ValueError(f"draft_quantization={self.draft_quantization!r} is for method='draft_model', "
+                                 f"not {self.method!r}")
+            self.draft_quantization = quantization_name(self.draft_quantization)
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -273,16 +293,14 @@ class EngineConfig:
         if not isinstance(self.quantize_lm_head, bool):
             raise TypeError(f"quantize_lm_head must be a bool, got {self.quantize_lm_head!r}")
         if self.quantization is not None:
-            if str(self.quantization).lower() in MIXTURES:
-                self.quantization = str(self.quantization).lower()
-            else:
-                try:
-                    self.quantization = quant_format(self.quantization).name
-                except ValueError as e:
-                    raise ValueError(f"{e}; or the mixture {', '.join(MIXTURES)}") from None
+            self.quantization = quantization_name(self.quantization)
             if self.dtype != torch.float32:
                 raise ValueError(f"quantization={self.quantization!r} computes with float32 activations: dtype must "
                                  f"be 'float32', got {self.dtype}")
+        spec = self.speculative_config
+        if isinstance(spec, SpeculativeConfig) and spec.draft_quantization is not None and self.dtype != torch.float32:
+            raise ValueError(f"draft_quantization={spec.draft_quantization!r} computes with float32 activations: "
+                             f"dtype must be 'float32', got {self.dtype}")
 
     @property
     def num_seq_slots(self) -> int:

@@ -199,3 +199,31 @@ def test_a_loaded_kv_cache_is_drafted_for(copying_dir, draft_dir, tmp_path):
     again = generate(engine, prompts, greedy(16))
     assert [o.token_ids for o in again] == [o.token_ids for o in first]
     assert all(o.metrics.num_reused_tokens > 0 for o in again)
+
+
+def test_the_model_quantized_as_its_own_draft(copying_dir):
+    """draft_quantization: the model's own checkpoint, quantized at load, as the draft -- it
+    agrees with the model most of the time; outputs are the model's."""
+    prompts = make_prompts(8)
+    reference = [o.token_ids for o in generate(make_engine(copying_dir, None), prompts, greedy())]
+    spec = SpeculativeConfig(method="draft_model", draft_model=copying_dir, draft_quantization="Q8_0",
+                             num_speculative_tokens=3)
+    assert spec.draft_quantization == "q8_0"
+    engine = Engine(copying_dir, max_seq_len=160, seed=0, speculative_config=spec,
+                    kv_cache_config=KvCacheConfig(max_tokens=4096, tokens_per_block=8),
+                    scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=64))
+    assert [o.token_ids for o in generate(engine, prompts, greedy())] == reference
+    stats = engine.stats()
+    assert stats["num_accepted_draft_tokens"] > 0.8 * stats["num_draft_tokens"] > 0
+    assert engine._loop.drafter.model.quantized
+
+
+def test_bad_draft_quantization_is_named(copying_dir):
+    with pytest.raises(ValueError, match=r"draft_quantization='q4_0' is for method='draft_model', not 'ngram'"):
+        SpeculativeConfig(draft_quantization="q4_0")
+    with pytest.raises(ValueError, match=r"q9_9"):
+        SpeculativeConfig(method="draft_model", draft_model=copying_dir, draft_quantization="q9_9")
+    spec = SpeculativeConfig(method="draft_model", draft_model=copying_dir, draft_quantization="q4_0")
+    with pytest.raises(StartupError, match=r"draft_quantization='q4_0' computes with float32 activations: dtype "
+                                           r"must be 'float32', got torch.bfloat16"):
+        Engine(copying_dir, dtype="bfloat16", speculative_config=spec)

@@ -202,12 +202,23 @@ def _load_model(parts: EngineParts) -> Any:
 
 
 def _load_draft_model(parts: EngineParts) -> LlamaFamilyModel:
-    """Speculative decoding's draft model, in the engine's dtype, unquantized."""
-    mc, path = parts.draft_config, parts.config.speculative_config.draft_model
+    """Speculative decoding's draft model, in the engine's dtype (quantized at load with
+    draft_quantization)."""
+    spec = parts.config.speculative_config
+    mc = parts.draft_config
     cls = model_class(mc)
     names, optional = cls.weight_names(mc)
-    weights = load_tensors(path, names, parts.config.dtype, optional)
-    return cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device, exact_fp32=parts.config.exact_fp32)
+    plan = None
+    if spec.draft_quantization is not None:
+        plan = QuantPlan.create(spec.draft_quantization, mc.tie_word_embeddings, True, mc.num_layers)
+    weights = load_tensors(spec.draft_model, names, parts.config.dtype, optional,
+                           convert=None if plan is None else plan.convert)
+    model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device, exact_fp32=parts.config.exact_fp32)
+    if plan is not None:
+        logger.info("draft model quantized at load to %s: %s", spec.draft_quantization, plan.summary())
+        del weights
+        release_free_heap()
+    return model
 
 
 def _check_draft_model(spec: SpeculativeConfig, target: ModelConfig, tokenizer: Any, max_seq_len: int,
