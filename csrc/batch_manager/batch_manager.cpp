@@ -49,6 +49,8 @@ struct BatchManager::Impl {
   bool set_max_draft_tokens(RequestId id, int32_t n);
   bool set_draft_tokens(RequestId id, const TokenId* tokens, int32_t n);
   void set_scheduled_draft_tokens(const TokenId* tokens, int32_t n);
+  // Throws std::invalid_argument for a draft token outside the vocabulary (when it is known).
+  void check_draft_tokens(const TokenId* tokens, int32_t n) const;
   const ForwardMetadata& schedule(double now, const StepBudget* budget);
   void update(const TokenId* tokens, int32_t num_tokens, double now);
   bool finish_request(RequestId id, FinishReason reason, double now);
@@ -230,13 +232,17 @@ bool BatchManager::Impl::set_max_draft_tokens(RequestId id, int32_t n) {
   return true;
 }
 
-bool BatchManager::Impl::set_draft_tokens(RequestId id, const TokenId* tokens, int32_t n) {
-  if (n < 0 || (n > 0 && tokens == nullptr)) throw std::invalid_argument("set_draft_tokens: no tokens");
+void BatchManager::Impl::check_draft_tokens(const TokenId* tokens, int32_t n) const {
   if (config_.vocab_size > 0)
     for (int32_t i = 0; i < n; ++i)
       if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
         throw std::invalid_argument("draft token id " + str(tokens[i]) + " is outside the vocabulary [0, " +
                                     str(config_.vocab_size) + ")");
+}
+
+bool BatchManager::Impl::set_draft_tokens(RequestId id, const TokenId* tokens, int32_t n) {
+  if (n < 0 || (n > 0 && tokens == nullptr)) throw std::invalid_argument("set_draft_tokens: no tokens");
+  check_draft_tokens(tokens, n);
   auto it = requests_.find(id);
   if (it == requests_.end() || !it->second->in_generation()) return false;
   Request* r = it->second.get();
@@ -250,11 +256,7 @@ void BatchManager::Impl::set_scheduled_draft_tokens(const TokenId* tokens, int32
     throw std::invalid_argument("set_scheduled_draft_tokens: the batch has " + str(meta_.num_draft_tokens) +
                                 " draft tokens, got " + str(n));
   if (n > 0 && tokens == nullptr) throw std::invalid_argument("set_scheduled_draft_tokens: no tokens");
-  if (config_.vocab_size > 0)
-    for (int32_t i = 0; i < n; ++i)
-      if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
-        throw std::invalid_argument("draft token id " + str(tokens[i]) + " is outside the vocabulary [0, " +
-                                    str(config_.vocab_size) + ")");
+  check_draft_tokens(tokens, n);
   // generation sequences come first; a sequence's rows are its last token, then its drafts
   int32_t k = 0;
   for (int32_t s = 0; s < meta_.num_generation_seqs; ++s) {
