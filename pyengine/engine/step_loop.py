@@ -283,21 +283,23 @@ class StepLoop:
         offsets = drafts = None
         if batch.num_drafts:
             offsets = self.runner.logits_offsets[: forwarded.num_rows]
-            drafts = batch.proposal.rows if batch.proposal is not None else self._lookup_drafts(forwarded.num_rows)
+            drafts = self._draft_rows(forwarded.num_rows, None if batch.proposal is None else batch.proposal.probs)
         result = self.sampler.sample(forwarded.logits[: forwarded.num_rows], forwarded.slots, offsets, drafts)
         result.host_tokens, result.ready = self.runner.tokens_to_host(result.tokens)
         return result
 
-    def _lookup_drafts(self, n: int) -> DraftRows:
-        """Prompt lookup's (or a caller's) drafts as the n logits rows see them: the draft after
-        row i is the input of token row i + 1 where that row is the same sequence's next
-        (generation sequences come first, their logits rows one to one with their token rows)."""
+    def _draft_rows(self, n: int, probs) -> DraftRows:
+        """The step's drafts as the n logits rows see them (whoever proposed them: prompt lookup,
+        a caller, the draft model, which wrote its own into the input rows): the draft after row
+        i is the input of token row i + 1 where that row is the same sequence's next (generation
+        sequences come first, their logits rows one to one with their token rows). `probs`: the
+        draft model's distributions (None: point masses)."""
         offsets = self.runner.logits_offsets[:n].to(torch.int64)
         ids = self.runner.input_ids[:n].to(torch.int64)
         following = torch.full((n,), -1, dtype=torch.int64)
         if n > 1:
             following[:-1] = torch.where(offsets[1:] == offsets[:-1] + 1, ids[1:], -1)
-        return DraftRows(following.to(self.sampler.device), None)
+        return DraftRows(following.to(self.sampler.device), probs)
 
     def _update(self, batch: Batch, forwarded: Forwarded, result: SampleResult) -> list[UpdateItem]:
         """Commits a sampled step: sampler counters, the token buffer, the batch manager's update

@@ -39,18 +39,20 @@ import torch
 
 from pyengine.layers.fused_decode import CpuDecodeLayers
 from pyengine.models import AttentionMetadata
-from pyengine.sampling import DraftRows, Sampler
+from pyengine.sampling import Sampler
 
 
 @dataclass
 class Proposal:
-    """One step's drafts. `tokens`: all drafts in batch order (what the batch manager verifies);
-    `rows`: how the target's logits rows see them (the sampler's rejection rule); `last`:
-    core id -> (the request's number of drafts, its last draft's position, that draft) for the
-    requests that got drafts; `fed`: core ids whose draft K/V this step brought up to date."""
+    """One step's drafts (also written into the target's input rows). `tokens`: all drafts in
+    batch order (what the batch manager verifies); `probs`: row i the distribution the draft
+    after the target's logits row i was drawn from (the sampler's rejection rule; None when
+    every draft was greedy); `last`: core id -> (the request's number of drafts, its last
+    draft's position, that draft) for the requests that got drafts; `fed`: core ids whose
+    draft K/V this step brought up to date."""
 
     tokens: list[int]
-    rows: DraftRows
+    probs: torch.Tensor | None
     last: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     fed: set[int] = field(default_factory=set)
 
@@ -142,7 +144,7 @@ class DraftModelRunner:
         seq_index = torch.tensor(seqs, dtype=torch.int64)
         logits = self._forward(ids, pos, slots, starts, lens, runner.block_tables[seq_index], logit_rows)
         if not drafting:
-            return Proposal([], DraftRows(torch.full((num_logits,), -1, dtype=torch.int64), None), {}, fed)
+            return Proposal([], None, {}, fed)
 
         # forwards 2..k: one row per request still drafting
         batch_slots = runner.seq_slots[:num_seqs].to(torch.int64)
@@ -167,22 +169,21 @@ class DraftModelRunner:
 
         # the drafts into the target's input rows, and as its logits rows will verify them
         flat: list[int] = []
-        next_tokens = torch.full((num_logits,), -1, dtype=torch.int64)
         last: dict[int, tuple[int, int, int]] = {}
         for i, (s, d, a) in enumerate(drafting):
             mine = proposed[i, :d].tolist()
             flat += mine
             runner.input_ids[a + 1: a + 1 + d] = torch.tensor(mine, dtype=torch.int32)
-            next_tokens[a: a + d] = proposed[i, :d]  # (generation rows are logits rows one to one)
             last[req_ids[s]] = (d, positions[a] + d, mine[-1])
         probs = None
         if any(entry is not None for entry in probs_rows):
+            # (generation rows are logits rows one to one: the draft after row a + j is draft j + 1)
             probs = torch.zeros(num_logits, self.target_vocab_size, device=self.device)
             for j, entry in enumerate(probs_rows):
                 if entry is not None:
                     members, p = entry
                     probs[[drafting[i][2] + j for i in members]] = p
-        return Proposal(flat, DraftRows(next_tokens.to(self.device), probs), last, fed)
+        return Proposal(flat, probs, last, fed)
 
     def _sample(self, sampler: Sampler, logits: torch.Tensor, slots: torch.Tensor,
                 j: int) -> tuple[torch.Tensor, torch.Tensor | None]:
