@@ -375,9 +375,7 @@ class Sampler:
             if self._active["penalty"]:
                 x = apply_presence_frequency(x, counts, self.presence_penalty[rows], self.frequency_penalty[rows])
         generated = self.num_generated[rows] if offsets is None else self.num_generated[rows] + offsets.to(self.device)
-        if self._active["min_tokens"]:
-            under = (generated < self.min_tokens[rows])[:, None]
-            x = x.masked_fill(self.stop_mask[rows] & under, float("-inf"))
+        x = self._mask_stop_tokens(x, rows, generated)
         tokens = torch.argmax(x, dim=-1)
         warped = self._warp(x, rows) if self._active["sample"] else None
         if warped is not None:
@@ -394,6 +392,13 @@ class Sampler:
             for i in torch.nonzero(wanted >= 0).flatten().tolist():
                 logprobs[i] = top_logprobs(raw_logprobs[i], int(wanted[i]), int(tokens[i]))
         return SampleResult(tokens.to(torch.int32), logprobs, rows)
+
+    def _mask_stop_tokens(self, x: torch.Tensor, rows: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+        """min_tokens: the stop tokens masked on the rows whose token `generated` is below it."""
+        if not self._active["min_tokens"]:
+            return x
+        under = (generated < self.min_tokens[rows])[:, None]
+        return x.masked_fill(self.stop_mask[rows] & under, float("-inf"))
 
     def _warp(self, x: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The sampled rows' logits after temperature, top-k, top-p and min-p (greedy rows pass
@@ -426,9 +431,7 @@ class Sampler:
         rows = slots.to(torch.int64)
         generated = self.num_generated[rows] + offsets.to(self.device)
         x = logits
-        if self._active["min_tokens"]:
-            under = (generated < self.min_tokens[rows])[:, None]
-            x = x.masked_fill(self.stop_mask[rows] & under, float("-inf"))
+        x = self._mask_stop_tokens(x, rows, generated)
         tokens = torch.argmax(x, dim=-1)
         warped = self._warp(x, rows) if self._active["sample"] else None
         if warped is None:
@@ -459,6 +462,12 @@ class Sampler:
                 self._bitmask[slot] &= self._matchers[slot].allowed
         mask = torch.full((x.shape[0], self._bitmask.shape[1]), -1, dtype=torch.int32)  # -1: every token allowed
         mask[[i for i, _ in picked]] = self._bitmask[slots]
+        return self._masked(x, mask)
+
+    def _masked(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """A float32 copy of x with the tokens each row's bitmask row (host, int32 words) does not
+        allow set to -inf."""
+        import xgrammar as xgr
         out = x.to(torch.float32, copy=True).contiguous()
         if out.is_cuda:
             xgr.apply_token_bitmask_inplace(out, mask.to(out.device, non_blocking=True), vocab_size=self.vocab_size)
@@ -502,13 +511,7 @@ class Sampler:
                     stuck.add(slot)
         for slot, n in advanced.items():
             self._matchers[slot].matcher.rollback(n)
-        out = x.to(torch.float32, copy=True).contiguous()
-        if out.is_cuda:
-            xgr.apply_token_bitmask_inplace(out, mask.to(out.device, non_blocking=True), vocab_size=self.vocab_size)
-        else:
-            _core._apply_token_bitmask(out.data_ptr(), out.stride(0), mask.data_ptr(), mask.stride(0), out.shape[0],
-                                       self.vocab_size, torch.get_num_threads())
-        return out
+        return self._masked(x, mask)
 
     def commit(self, result: SampleResult, emitted: list[int] | None = None) -> None:
         """Records the sampled tokens in the rows' state (random counters, penalty counts, the
