@@ -44,7 +44,7 @@ from pyengine.runtime.heap import release_free_heap
 from pyengine.runtime.kv_capacity import (SKIP_ENV, CpuMemoryProbe, CudaMemoryProbe, KvCapacity, MemoryReading,
                                           capacity_from_reading, configured_capacity, skip_requested)
 from pyengine.runtime.draft_runner import DraftModelRunner
-from pyengine.runtime.model_runner import LIVE_KV_POOLS, ModelRunner
+from pyengine.runtime.model_runner import ModelRunner
 from pyengine.sampling import Sampler
 
 logger = logging.getLogger(__name__)
@@ -142,7 +142,6 @@ def _run_phases(engine_args: dict[str, Any]) -> EngineParts:
             parts.drafter = DraftModelRunner(parts.draft_model, parts.capacity.num_blocks,
                                              parts.config.kv_cache_config.tokens_per_block, parts.kv_dtype,
                                              parts.bm.max_blocks_per_seq, parts.model_config.vocab_size)
-            LIVE_KV_POOLS.add(parts.drafter.kv_pool)
             parts.draft_model = None
         if parts.graph_sizes:  # after the KV pool: graphs read it at a fixed address
             try:

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pyengine.layers.fused_decode import CpuDecodeLayers
 from pyengine.models import AttentionMetadata
+from pyengine.runtime.model_runner import allocate_kv_pool, one_call_decode
 from pyengine.sampling import Sampler
 
 
@@ -62,18 +62,14 @@ class DraftModelRunner:
 
     def __init__(self, model, num_blocks: int, tokens_per_block: int, kv_dtype: torch.dtype,
                  max_blocks_per_seq: int, target_vocab_size: int) -> None:
-        c = model.config
         self.model = model
         self.device = model.device
         self.tokens_per_block = tokens_per_block
         self.target_vocab_size = target_vocab_size
         # zeroed: a position the draft never wrote (see the module docstring) reads finite values
-        shape = (c.num_layers, 2, num_blocks, c.num_kv_heads, tokens_per_block, c.head_dim)
-        self.kv_pool = torch.zeros(shape, dtype=kv_dtype, device=self.device)
-        self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(c.num_layers)]
-        self.cpu_decode = None
-        if (model.bf16_kernel_max_rows or model.fast_fp32 or model.quantized) and model.fused_cpu_decode_ok:
-            self.cpu_decode = CpuDecodeLayers(model, self.kv_caches, max_blocks_per_seq)
+        self.kv_pool, self.kv_caches = allocate_kv_pool(model.config, num_blocks, tokens_per_block, kv_dtype,
+                                                        self.device, zeroed=True)
+        self.cpu_decode = one_call_decode(model, self.kv_caches, max_blocks_per_seq)
         # core id -> (position, token): the last draft of a step whose drafts were all accepted,
         # not yet fed to the draft model
         self.unfed: dict[int, tuple[int, int]] = {}

@@ -38,6 +38,27 @@ _BUFFERS = {"input_ids": torch.int32, "positions": torch.int32, "slot_mapping": 
             "request_ids": torch.int64, "logits_offsets": torch.int32}
 
 
+def allocate_kv_pool(config, num_blocks: int, tokens_per_block: int, dtype: torch.dtype, device: torch.device,
+                     zeroed: bool) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A model's KV pool, one tensor [layers, K/V, blocks, kv heads, tokens per block, head dim]
+    (registered in LIVE_KV_POOLS), and its per-layer (K, V) views."""
+    shape = (config.num_layers, 2, num_blocks, config.num_kv_heads, tokens_per_block, config.head_dim)
+    pool = (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=device)
+    LIVE_KV_POOLS.add(pool)
+    return pool, [(pool[i, 0], pool[i, 1]) for i in range(config.num_layers)]
+
+
+def one_call_decode(model: LlamaFamilyModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                    max_blocks_per_seq: int) -> CpuDecodeLayers | None:
+    """The C++ call that runs all layers of a small batch, bound to these caches, where the
+    model's small-batch linears are pyengine's kernels (bf16 weights on the CPU; fp32 unless
+    exact_fp32; quantized) and that kernel computes the model's layers (model.fused_cpu_decode_ok:
+    Llama-shaped layers; not Gemma's, nor partial or LongRoPE); else None."""
+    if (model.bf16_kernel_max_rows or model.fast_fp32 or model.quantized) and model.fused_cpu_decode_ok:
+        return CpuDecodeLayers(model, kv_caches, max_blocks_per_seq)
+    return None
+
+
 def split_k_workspace_bytes(dtype: torch.dtype, num_heads: int, head_dim: int, max_batch_size: int,
                             max_num_tokens: int, max_seq_len: int) -> int:
     """The CUDA attention's split-K scratch an engine needs, sized for the largest batch that
@@ -73,13 +94,9 @@ class ModelRunner:
         self.max_seq_len = max_seq_len
         self.max_num_tokens = max_num_tokens
         self.k_scale, self.v_scale = kv_scales
-        # One tensor for the whole pool: [layers, K/V, blocks, kv heads, tokens per block, head dim].
         # Zeroed on a GPU (cheap there) so that padding rows read finite values.
-        shape = (c.num_layers, 2, num_blocks, c.num_kv_heads, tokens_per_block, c.head_dim)
-        alloc = torch.zeros if self.is_cuda else torch.empty
-        self.kv_pool = alloc(shape, dtype=kv_dtype, device=self.device)
-        self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(c.num_layers)]
-        LIVE_KV_POOLS.add(self.kv_pool)
+        self.kv_pool, self.kv_caches = allocate_kv_pool(c, num_blocks, tokens_per_block, kv_dtype, self.device,
+                                                        zeroed=self.is_cuda)
         self._bm = bm
         self.scratch_slot = bm.num_slots
         # Host views of the C++ buffers (zero copy).
@@ -100,13 +117,8 @@ class ModelRunner:
         self.decode_pad_sizes: list[int] = []
         self.graphs = None  # pyengine.runtime.cuda_graphs.DecodeGraphs once captured
         self._registered: list[int] = []
-        # Where the model's small-batch linears are pyengine's kernels (bf16 weights on the CPU;
-        # fp32 unless exact_fp32; quantized), all layers of a small batch run in one C++ call,
-        # bound to this KV pool -- where that kernel computes the model's layers
-        # (model.fused_cpu_decode_ok: Llama-shaped layers; not Gemma's, nor partial or LongRoPE).
-        self.cpu_decode = None
-        if (model.bf16_kernel_max_rows or model.fast_fp32 or model.quantized) and model.fused_cpu_decode_ok:
-            self.cpu_decode = CpuDecodeLayers(model, self.kv_caches, bm.max_blocks_per_seq)
+        # all layers of a small batch in one C++ call, bound to this KV pool, where it applies
+        self.cpu_decode = one_call_decode(model, self.kv_caches, bm.max_blocks_per_seq)
         if self.is_cuda:
             self._init_cuda(c)
 
