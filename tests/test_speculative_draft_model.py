@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig, SpeculativeConfig, StartupError
+from pyengine import (Engine, KvCacheConfig, KvCacheFileError, SamplingParams, SchedulerConfig, SpeculativeConfig,
+                      StartupError)
+from pyengine.engine import kv_persistence
 from pyengine.sampling.sampler import DraftRows, _verify_drafts
 from pyengine.testing.checkpoints import build_tiny_checkpoint
 from speculative_common import generate, greedy, make_prompts, seeded_params, total_variation
@@ -186,19 +188,57 @@ def test_a_failed_forward_after_drafting_changes_nothing(copying_dir, draft_dir,
     assert engine.stats()["num_accepted_draft_tokens"] > 0
 
 
-def test_a_loaded_kv_cache_is_drafted_for(copying_dir, draft_dir, tmp_path):
-    """save_kv_cache keeps the model's K/V, not the draft's: prefixes loaded from a file are
-    drafted for from an empty draft cache -- the same outputs, prefix reused."""
+def json_length(path) -> int:
+    with open(path, "rb") as f:
+        return kv_persistence._HEAD.unpack(f.read(kv_persistence._HEAD.size))[2]
+
+
+def test_a_saved_kv_cache_keeps_the_draft_kv(copying_dir, tmp_path):
+    """save_kv_cache writes the draft pool's block beside the model's: with the model as its
+    own draft, prefixes loaded from the file still have every draft accepted (an empty or
+    stale draft cache would not), outputs equal, prefix reused."""
     prompts = make_prompts(7, (40, 48))
-    warm = make_engine(copying_dir, draft_dir)  # (prefix reuse is on by default)
+    warm = make_engine(copying_dir, copying_dir, k=3)  # (prefix reuse is on by default)
     first = generate(warm, prompts, greedy(16))
     path = tmp_path / "cache.pekv"
-    assert warm.save_kv_cache(path)["blocks"] > 0
-    engine = make_engine(copying_dir, draft_dir)
+    saved = warm.save_kv_cache(path)
+    plain_path = tmp_path / "plain.pekv"
+    plain = make_engine(copying_dir, None)
+    generate(plain, prompts, greedy(16))
+    plain_saved = plain.save_kv_cache(plain_path)
+    assert saved["blocks"] == plain_saved["blocks"] > 0
+    # each record carries the draft pool's block after the model's (the headers differ too)
+    header_growth = json_length(path) - json_length(plain_path)
+    draft_block_bytes = warm._parts.drafter.kv_pool[:, :, 0].nbytes
+    assert saved["bytes"] - plain_saved["bytes"] - header_growth == saved["blocks"] * draft_block_bytes
+
+    engine = make_engine(copying_dir, copying_dir, k=3)
     engine.load_kv_cache(path)
     again = generate(engine, prompts, greedy(16))
     assert [o.token_ids for o in again] == [o.token_ids for o in first]
     assert all(o.metrics.num_reused_tokens > 0 for o in again)
+    stats = engine.stats()
+    assert stats["num_draft_tokens"] > 0 and stats["num_accepted_draft_tokens"] == stats["num_draft_tokens"]
+
+
+def test_a_kv_cache_file_without_the_draft_kv_is_refused(copying_dir, draft_dir, tmp_path):
+    """A file from an engine without the draft model (or with another one) has no (or other)
+    draft K/V: refused, naming the field, the pool unchanged."""
+    plain = make_engine(copying_dir, None)
+    generate(plain, make_prompts(2, (40, 48)), greedy(4))
+    plain.save_kv_cache(tmp_path / "plain.pekv")
+    engine = make_engine(copying_dir, draft_dir)
+    with pytest.raises(KvCacheFileError, match="fingerprint mismatch in 'draft': the file has None, "
+                                               r"this engine has \{'model_files'"):
+        engine.load_kv_cache(tmp_path / "plain.pekv")
+    own = make_engine(copying_dir, copying_dir)
+    generate(own, make_prompts(2, (40, 48)), greedy(4))
+    own.save_kv_cache(tmp_path / "own.pekv")
+    with pytest.raises(KvCacheFileError, match="fingerprint mismatch in 'draft'"):
+        engine.load_kv_cache(tmp_path / "own.pekv")
+    with pytest.raises(KvCacheFileError, match="fingerprint mismatch in 'draft': the file has \\{"):
+        plain.load_kv_cache(tmp_path / "own.pekv")
+    assert engine.stats()["num_reusable_blocks"] == 0
 
 
 def test_the_model_quantized_as_its_own_draft(copying_dir):

@@ -18,7 +18,7 @@ from pyengine.engine.one_thread import OneThreadGuard, one_thread
 from pyengine.engine.outputs import RequestOutput
 from pyengine.engine.requests import Prompt, RequestId, RequestTable
 from pyengine.engine import kv_persistence
-from pyengine.engine.startup import StartupError, kv_fingerprint, start_engine
+from pyengine.engine.startup import StartupError, kv_fingerprint, kv_pools, start_engine
 from pyengine.engine.step_cost import OnlineStepCost
 from pyengine.engine.step_loop import StepLoop
 from pyengine.engine.stream import RequestStream
@@ -330,7 +330,7 @@ class Engine:
         this engine's fingerprint to `path`, atomically (docs/kv_persistence.md). The engine
         must be idle (RuntimeError otherwise). Returns {"blocks", "bytes", "seconds"}."""
         self._check_open()
-        return kv_persistence.save(path, self._bm, self._runner.kv_pool, kv_fingerprint(self._parts),
+        return kv_persistence.save(path, self._bm, kv_pools(self._parts), kv_fingerprint(self._parts),
                                    busy=self._loop.has_work())
 
     @one_thread
@@ -342,7 +342,7 @@ class Engine:
         truncated or corrupt file; RuntimeError unless idle. Returns {"blocks_loaded",
         "blocks_skipped", "bytes", "seconds"}."""
         self._check_open()
-        return kv_persistence.load(path, self._bm, self._runner.kv_pool, kv_fingerprint(self._parts),
+        return kv_persistence.load(path, self._bm, kv_pools(self._parts), kv_fingerprint(self._parts),
                                    busy=self._loop.has_work())
 
     def startup_report(self) -> dict[str, Any]:

@@ -5,8 +5,9 @@ File layout (little endian):
     header   MAGIC (8 bytes), format version (u32), JSON length (u32), JSON (fingerprint and
              layout), crc32 of the JSON (u32)
     records  per block: key (u64), parent key (u64), tokens (i32 x tokens_per_block), the
-             block's K/V bytes (pool dtype, [layer, k/v, kv head, token, head dim]), crc32 of
-             all of the record before it (u32); most recently used first
+             block's K/V bytes (pool dtype, [layer, k/v, kv head, token, head dim]; with a
+             draft model, the draft pool's block follows the target's), crc32 of all of the
+             record before it (u32); most recently used first
     trailer  END_MAGIC (8 bytes), record count (u64): a file cut at a record boundary is
              still caught
 
@@ -77,14 +78,22 @@ def model_identity(model: str | os.PathLike) -> dict[str, str]:
     return {f.name: _file_identity(f) for f in files}
 
 
-def fingerprint(config: Any, kv_dtype: torch.dtype, block_shape: tuple[int, ...]) -> dict[str, Any]:
-    """What must match for a saved block's K/V to be what this engine would compute."""
+def fingerprint(config: Any, kv_dtype: torch.dtype, pools: list[torch.Tensor]) -> dict[str, Any]:
+    """What must match for a saved block's K/V to be what this engine would compute. `pools`:
+    the target's KV pool, then the draft model's when speculative decoding has one (its
+    blocks share the target's ids, so a record carries both)."""
     kc = config.kv_cache_config
+    draft = None
+    if len(pools) > 1:
+        spec = config.speculative_config
+        draft = {"model_files": model_identity(spec.draft_model), "quantization": spec.draft_quantization,
+                 "block_shape": list(_block_shape(pools[1]))}
+    # "draft" is None without a draft model, as in files written before it was recorded
     return {"model_files": model_identity(config.model), "dtype": str(config.dtype).removeprefix("torch."),
             "kv_dtype": str(kv_dtype).removeprefix("torch."), "tokens_per_block": kc.tokens_per_block,
             "salt_scheme": SALT_SCHEME, "kv_scales": [kc.k_scale, kc.v_scale],
             "quantization": config.quantization, "exact_fp32": config.exact_fp32,
-            "block_shape": list(block_shape)}
+            "block_shape": list(_block_shape(pools[0])), "draft": draft}
 
 
 def _block_shape(pool: torch.Tensor) -> tuple[int, ...]:
@@ -92,8 +101,9 @@ def _block_shape(pool: torch.Tensor) -> tuple[int, ...]:
     return (layers, kv, heads, tpb, dim)
 
 
-def _block_bytes(pool: torch.Tensor) -> int:
-    return pool[:, :, 0].numel() * pool.element_size()
+def _block_bytes(pools: list[torch.Tensor]) -> list[int]:
+    """Bytes of one block in each pool."""
+    return [pool[:, :, 0].numel() * pool.element_size() for pool in pools]
 
 
 def _check_idle(bm: CoreBatchManager, busy: bool, what: str) -> None:
@@ -102,7 +112,7 @@ def _check_idle(bm: CoreBatchManager, busy: bool, what: str) -> None:
                            "(finish or abort them first)")
 
 
-def save(path: str | os.PathLike, bm: CoreBatchManager, pool: torch.Tensor, fp: dict[str, Any],
+def save(path: str | os.PathLike, bm: CoreBatchManager, pools: list[torch.Tensor], fp: dict[str, Any],
          busy: bool = False) -> dict[str, Any]:
     """Writes the reusable blocks to `path` atomically. Returns blocks, bytes, seconds."""
     _check_idle(bm, busy, "save_kv_cache")
@@ -110,7 +120,7 @@ def save(path: str | os.PathLike, bm: CoreBatchManager, pool: torch.Tensor, fp: 
     records = bm.export_cached_blocks()
     path = os.fspath(path)
     tmp = path + ".tmp"
-    header = json.dumps({"fingerprint": fp, "num_records": len(records), "block_bytes": _block_bytes(pool)},
+    header = json.dumps({"fingerprint": fp, "num_records": len(records), "block_bytes": sum(_block_bytes(pools))},
                         sort_keys=True).encode()
     try:
         with open(tmp, "wb") as f:
@@ -118,7 +128,7 @@ def save(path: str | os.PathLike, bm: CoreBatchManager, pool: torch.Tensor, fp: 
             f.write(header)
             f.write(_U32.pack(zlib.crc32(header)))
             for block, key, parent, tokens in records:
-                _write_record(f, key, parent, tokens, pool[:, :, block])
+                _write_record(f, key, parent, tokens, [pool[:, :, block] for pool in pools])
             f.write(_TRAILER.pack(END_MAGIC, len(records)))
             f.flush()
             os.fsync(f.fileno())
@@ -130,13 +140,16 @@ def save(path: str | os.PathLike, bm: CoreBatchManager, pool: torch.Tensor, fp: 
     return {"blocks": len(records), "bytes": os.path.getsize(path), "seconds": time.perf_counter() - start}
 
 
-def _write_record(f: BinaryIO, key: int, parent: int, tokens: list[int], block: torch.Tensor) -> None:
+def _write_record(f: BinaryIO, key: int, parent: int, tokens: list[int], blocks: list[torch.Tensor]) -> None:
     meta = _KEYS.pack(key, parent) + struct.pack(f"<{len(tokens)}i", *tokens)
-    # one block at a time through host memory: saving never holds more than a block's copy
-    data = block.contiguous().cpu().view(torch.uint8).reshape(-1).numpy()
     f.write(meta)
-    f.write(data)
-    f.write(_U32.pack(zlib.crc32(data, zlib.crc32(meta))))
+    crc = zlib.crc32(meta)
+    for block in blocks:
+        # one block at a time through host memory: saving never holds more than a block's copy
+        data = block.contiguous().cpu().view(torch.uint8).reshape(-1).numpy()
+        f.write(data)
+        crc = zlib.crc32(data, crc)
+    f.write(_U32.pack(crc))
 
 
 def _unlink_quietly(p: str) -> None:
@@ -209,7 +222,7 @@ def _scan(f: BinaryIO, path: str, fp: dict[str, Any], tpb: int,
     return records
 
 
-def load(path: str | os.PathLike, bm: CoreBatchManager, pool: torch.Tensor, fp: dict[str, Any],
+def load(path: str | os.PathLike, bm: CoreBatchManager, pools: list[torch.Tensor], fp: dict[str, Any],
          busy: bool = False) -> dict[str, Any]:
     """Checks the file, then puts its blocks into the pool as reusable cached blocks, most
     recent first, as many as fit. Raises KvCacheFileError (pool unchanged) for a file that
@@ -217,25 +230,30 @@ def load(path: str | os.PathLike, bm: CoreBatchManager, pool: torch.Tensor, fp: 
     _check_idle(bm, busy, "load_kv_cache")
     start = time.perf_counter()
     path = os.fspath(path)
-    block_bytes = _block_bytes(pool)
-    shape = _block_shape(pool)
+    sizes = _block_bytes(pools)
+    block_bytes = sum(sizes)
     with open(path, "rb") as f:
-        records = _scan(f, path, fp, pool.shape[4], block_bytes)
+        records = _scan(f, path, fp, pools[0].shape[4], block_bytes)
         try:
             got = bm.import_cached_blocks([(k, p, t) for k, p, t, _ in records])
         except ValueError as e:  # keys that do not chain: checksummed, so written that way
             raise KvCacheFileError(path, str(e)) from e
         buf = bytearray(block_bytes)
-        host = torch.frombuffer(buf, dtype=torch.uint8).view(pool.dtype).view(shape)
+        raw = torch.frombuffer(buf, dtype=torch.uint8)
+        hosts, at = [], 0  # each pool's part of a record, viewed in place
+        for pool, size in zip(pools, sizes):
+            hosts.append(raw[at:at + size].view(pool.dtype).view(_block_shape(pool)))
+            at += size
         loaded = 0
         for (_, _, _, offset), block in zip(records, got):
             if block < 0:
                 continue
             f.seek(offset)
             f.readinto(buf)
-            pool[:, :, block].copy_(host)
+            for pool, host in zip(pools, hosts):
+                pool[:, :, block].copy_(host)
             loaded += 1
-    if pool.device.type == "cuda":
-        torch.cuda.synchronize(pool.device)
+    if pools[0].device.type == "cuda":
+        torch.cuda.synchronize(pools[0].device)
     return {"blocks_loaded": loaded, "blocks_skipped": len(records) - loaded, "bytes": loaded * block_bytes,
             "seconds": time.perf_counter() - start}

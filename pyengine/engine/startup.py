@@ -158,17 +158,21 @@ def _run_phases(engine_args: dict[str, Any]) -> EngineParts:
         if parts.config.kv_cache_config.load_from is not None:
             try:
                 parts.kv_loaded = kv_persistence.load(parts.config.kv_cache_config.load_from, parts.bm,
-                                                      parts.runner.kv_pool, kv_fingerprint(parts))
+                                                      kv_pools(parts), kv_fingerprint(parts))
             except BaseException:
                 parts.runner.close()
                 raise
     return parts
 
 
+def kv_pools(parts: EngineParts) -> list[Any]:
+    """The KV pools a block id indexes: the target's, then the draft model's if there is one."""
+    return [parts.runner.kv_pool] + ([] if parts.drafter is None else [parts.drafter.kv_pool])
+
+
 def kv_fingerprint(parts: EngineParts) -> dict[str, Any]:
     """The facts a saved KV cache must share with this engine (pyengine/engine/kv_persistence.py)."""
-    pool = parts.runner.kv_pool
-    return kv_persistence.fingerprint(parts.config, parts.kv_dtype, tuple(pool.shape[:2]) + tuple(pool.shape[3:]))
+    return kv_persistence.fingerprint(parts.config, parts.kv_dtype, kv_pools(parts))
 
 
 def _load_model(parts: EngineParts) -> Any:
