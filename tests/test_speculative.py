@@ -20,10 +20,13 @@ from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig, Spe
 
 @pytest.fixture(params=["ngram", "draft_model"])
 def spec(request, draft_dir) -> SpeculativeConfig:
-    """Each source of drafts, 4 a step: prompt lookup, and the draft model."""
+    """Each source of drafts, 4 a step: prompt lookup, and the draft model (a fixed count: the
+    tiny draft model costs nearly what the model does, so adaptive drafting would rarely draft;
+    the adaptive draft length has tests of its own)."""
     if request.param == "ngram":
         return SPEC
-    return SpeculativeConfig(method="draft_model", draft_model=draft_dir, num_speculative_tokens=4)
+    return SpeculativeConfig(method="draft_model", draft_model=draft_dir, num_speculative_tokens=4,
+                             adaptive_draft_length=False)
 
 
 def make_engine(model_dir, spec: SpeculativeConfig | None, *, overlap=False, max_batch_size=4, max_num_tokens=64,
@@ -41,7 +44,8 @@ def reference(copying_dir):
     return [o.token_ids for o in generate(make_engine(copying_dir, None), make_prompts(), greedy())]
 
 
-SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3,
+                         adaptive_draft_length=False)
 
 
 @pytest.mark.parametrize("setup", [
@@ -259,3 +263,36 @@ def test_bad_speculative_configuration_is_named(copying_dir):
         make_engine(copying_dir, SpeculativeConfig(num_speculative_tokens=64))
     with pytest.raises(StartupError, match=r"speculative_config must be a SpeculativeConfig or None, got dict"):
         Engine(copying_dir, speculative_config={"method": "ngram"})
+    with pytest.raises(ValueError, match=r"draft_row_cost must be a finite number >= 0 \(or None\), got -0.5"):
+        SpeculativeConfig(draft_row_cost=-0.5)
+    with pytest.raises(ValueError, match=r"draft_propose_cost must be a finite number >= 0 \(or None\), got inf"):
+        SpeculativeConfig(draft_propose_cost=float("inf"))
+    with pytest.raises(TypeError, match=r"adaptive_draft_length must be a bool, got 'yes'"):
+        SpeculativeConfig(adaptive_draft_length="yes")
+
+
+def test_adaptive_draft_length_stops_drafts_that_do_not_pay(copying_dir, reference):
+    """The model as its own draft costs a whole forward a draft (draft_propose_cost 1.0 from
+    the two models' bytes): never worth it, so each request only probes with one draft every
+    9 steps -- all accepted, outputs unchanged. Told that drafting is free, the same engine
+    drafts every step."""
+    prompts = make_prompts()
+    own = SpeculativeConfig(method="draft_model", draft_model=copying_dir, num_speculative_tokens=4)
+    engine = make_engine(copying_dir, own)
+    assert engine.startup_report()["adaptive_draft_length"] == {"draft_row_cost": 0.12, "draft_propose_cost": 1.0}
+    outs = generate(engine, prompts, greedy())
+    assert [o.token_ids for o in outs] == reference
+    # 47 tokens after the first: a probe step gives 2, the 8 steps before it 1 each
+    assert [o.metrics.num_draft_tokens for o in outs] == [4] * len(prompts)
+    assert [o.metrics.num_accepted_draft_tokens for o in outs] == [4] * len(prompts)
+    free = make_engine(copying_dir, SpeculativeConfig(method="draft_model", draft_model=copying_dir,
+                                                      num_speculative_tokens=4, draft_propose_cost=0.0,
+                                                      draft_row_cost=0.0))
+    outs = generate(free, prompts, greedy())
+    assert [o.token_ids for o in outs] == reference
+    # every draft accepted and free: 4 a step (5 tokens) for 45 of the 47 tokens after the
+    # first, then 1 (drafts never pass max_tokens)
+    assert [o.metrics.num_draft_tokens for o in outs] == [9 * 4 + 1] * len(prompts)
+    ngram = make_engine(copying_dir, SpeculativeConfig(num_speculative_tokens=4))
+    assert ngram.startup_report()["adaptive_draft_length"] == {"draft_row_cost": 0.12, "draft_propose_cost": 0.0}
+    assert make_engine(copying_dir, SPEC).startup_report()["adaptive_draft_length"] is None

@@ -19,7 +19,7 @@ from speculative_common import generate, greedy, make_prompts, seeded_params, to
 
 def make_engine(model_dir, draft, k: int = 4, **kw) -> Engine:
     spec = None if draft is None else SpeculativeConfig(method="draft_model", draft_model=draft,
-                                                        num_speculative_tokens=k)
+                                                        num_speculative_tokens=k, adaptive_draft_length=False)
     return Engine(model_dir, max_seq_len=160, seed=0, speculative_config=spec, overlap=kw.pop("overlap", False),
                   kv_cache_config=KvCacheConfig(max_tokens=4096, tokens_per_block=8),
                   scheduler_config=SchedulerConfig(max_batch_size=kw.pop("max_batch_size", 4), max_num_tokens=64))

@@ -8,6 +8,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "batch_manager/draft_length.h"
 #include "batch_manager/ngram_proposer.h"
 #include "batch_manager/request.h"
 #include "batch_manager/resource_manager.h"
@@ -18,6 +19,10 @@
 
 namespace pyengine {
 namespace {
+
+// Steps a request proposes nothing once the adaptive draft length finds no drafts worth
+// their cost, before it probes with one (BatchManagerConfig::adaptive_draft_length).
+constexpr int32_t kAdaptiveDraftPause = 8;
 
 std::string str(int64_t v) { return std::to_string(v); }
 
@@ -137,6 +142,11 @@ BatchManager::Impl::Impl(const BatchManagerConfig& config)
     throw std::invalid_argument("prompt lookup n-gram sizes must satisfy 1 <= prompt_lookup_min <= "
                                 "prompt_lookup_max, got " + str(config.prompt_lookup_min) + " and " +
                                 str(config.prompt_lookup_max));
+  if (!(config.draft_row_cost >= 0.0 && config.draft_row_cost < 1e6) ||
+      !(config.draft_propose_cost >= 0.0 && config.draft_propose_cost < 1e6))
+    throw std::invalid_argument("draft_row_cost and draft_propose_cost must be finite and >= 0, got " +
+                                std::to_string(config.draft_row_cost) + " and " +
+                                std::to_string(config.draft_propose_cost));
   resources_.add(std::make_unique<SeqSlotResourceManager>(slots_));
   auto kv_resource = std::make_unique<KvCacheResourceManager>(kv_, config.tokens_per_block);
   kv_resource_ = kv_resource.get();
@@ -277,14 +287,31 @@ int32_t BatchManager::Impl::draft_limit(const Request& r) const {
 }
 
 void BatchManager::Impl::propose_drafts() {
+  double cost = 0.0;
+  if (config_.adaptive_draft_length) {
+    const auto generating = std::count_if(active_.begin(), active_.end(), [](const Request* r) { return r->in_generation(); });
+    cost = draft_token_cost(config_.draft_row_cost, config_.draft_propose_cost, static_cast<int32_t>(generating));
+  }
   for (Request* r : active_) {
     if (!r->in_generation()) continue;
-    const int32_t limit = draft_limit(*r);
+    int32_t limit = draft_limit(*r);
     if (!r->drafts_from_caller) {
       r->draft_tokens.clear();
       if (r->draft_pause > 0) {
-        --r->draft_pause;  // backing off (Request::draft_misses)
-      } else if (config_.ngram_drafts && limit > 0) {
+        --r->draft_pause;  // backing off (Request::draft_misses), or an adaptive pause
+        continue;
+      }
+      if (config_.adaptive_draft_length && limit > 0) {
+        const int32_t k = best_draft_count(r->draft_acceptance.rate(), cost, limit);
+        if (k == 0 && !r->draft_probe) {  // drafts do not pay: none for 8 steps, then a probe
+          r->draft_pause = kAdaptiveDraftPause - 1;
+          r->draft_probe = true;
+          continue;
+        }
+        limit = std::max(k, 1);
+        r->draft_probe = false;
+      }
+      if (config_.ngram_drafts && limit > 0) {
         r->draft_tokens = propose_ngram(r->tokens, config_.prompt_lookup_min, config_.prompt_lookup_max, limit);
       } else if (config_.model_drafts && limit > 0) {
         r->draft_tokens.assign(static_cast<size_t>(limit), 0);  // placeholders: set_scheduled_draft_tokens
@@ -566,6 +593,7 @@ int32_t BatchManager::Impl::update_generation(Request* r, const TokenId* tokens,
   r->num_draft_tokens += drafts;
   r->num_accepted_draft_tokens += accepted;
   if (drafts > 0 && !r->drafts_from_caller) {
+    r->draft_acceptance.observe(accepted, drafts);
     r->draft_misses = accepted > 0 ? 0 : r->draft_misses + 1;
     // (a draft model backs off for 4 steps at most: its acceptance changes with the text, and
     // its drafts cost less than a missed run of accepted ones)

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "batch_manager/draft_length.h"
 #include "pyengine/types.h"
 
 namespace pyengine {
@@ -56,6 +57,11 @@ struct Request {
   // a verification accepts a draft again.
   int32_t draft_misses = 0;
   int32_t draft_pause = 0;
+  // Adaptive draft length (BatchManagerConfig::adaptive_draft_length): the acceptance rate
+  // estimated from the request's verifications, and whether its next proposal is a probe (at
+  // least one draft) after a pause the estimate decided.
+  DraftAcceptance draft_acceptance;
+  bool draft_probe = false;
 
   double arrival_time;
   double first_scheduled_time = -1.0;

@@ -73,6 +73,9 @@ pe_batch_manager_config pe_batch_manager_config_default(void) {
   c.prompt_lookup_min = d.prompt_lookup_min;
   c.prompt_lookup_max = d.prompt_lookup_max;
   c.model_drafts = d.model_drafts ? 1 : 0;
+  c.adaptive_draft_length = d.adaptive_draft_length ? 1 : 0;
+  c.draft_row_cost = d.draft_row_cost;
+  c.draft_propose_cost = d.draft_propose_cost;
   return c;
 }
 
@@ -103,6 +106,9 @@ pe_status pe_batch_manager_create(const pe_batch_manager_config* config, pe_batc
     c.prompt_lookup_min = config->prompt_lookup_min;
     c.prompt_lookup_max = config->prompt_lookup_max;
     c.model_drafts = config->model_drafts != 0;
+    c.adaptive_draft_length = config->adaptive_draft_length != 0;
+    c.draft_row_cost = config->draft_row_cost;
+    c.draft_propose_cost = config->draft_propose_cost;
     *out = new pe_batch_manager(c);
     return ok();
   });

@@ -60,6 +60,9 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
         cbool model_drafts
         int32_t prompt_lookup_min
         int32_t prompt_lookup_max
+        cbool adaptive_draft_length
+        double draft_row_cost
+        double draft_propose_cost
 
     cdef cppclass ForwardMetadata:
         int32_t num_tokens
@@ -230,7 +233,8 @@ cdef class CoreBatchManager:
                   bint enable_chunked_context=True, str policy="guaranteed_no_evict",
                   int vocab_size=0, bint enable_block_reuse=False, str queue_policy="fcfs",
                   int num_speculative_tokens=0, bint ngram_drafts=False, int prompt_lookup_min=2,
-                  int prompt_lookup_max=4, bint model_drafts=False):
+                  int prompt_lookup_max=4, bint model_drafts=False, bint adaptive_draft_length=False,
+                  double draft_row_cost=0.0, double draft_propose_cost=0.0):
         if policy not in CAPACITY_POLICIES:
             raise ValueError(f"capacity_scheduler_policy must be one of {sorted(CAPACITY_POLICIES)}, got {policy!r}")
         if queue_policy not in QUEUE_POLICIES:
@@ -252,6 +256,9 @@ cdef class CoreBatchManager:
         c.model_drafts = model_drafts
         c.prompt_lookup_min = prompt_lookup_min
         c.prompt_lookup_max = prompt_lookup_max
+        c.adaptive_draft_length = adaptive_draft_length
+        c.draft_row_cost = draft_row_cost
+        c.draft_propose_cost = draft_propose_cost
         self.bm = new BatchManager(c)
 
     def __dealloc__(self):

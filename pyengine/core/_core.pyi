@@ -42,7 +42,9 @@ class CoreBatchManager:
                  num_blocks: int, num_seq_slots: int = 0, enable_chunked_context: bool = True,
                  policy: str = "guaranteed_no_evict", vocab_size: int = 0, enable_block_reuse: bool = False,
                  queue_policy: str = "fcfs", num_speculative_tokens: int = 0, ngram_drafts: bool = False,
-                 prompt_lookup_min: int = 2, prompt_lookup_max: int = 4, model_drafts: bool = False) -> None: ...
+                 prompt_lookup_min: int = 2, prompt_lookup_max: int = 4, model_drafts: bool = False,
+                 adaptive_draft_length: bool = False, draft_row_cost: float = 0.0,
+                 draft_propose_cost: float = 0.0) -> None: ...
     def add_request(self, request_id: int, prompt: Any, max_new_tokens: int, end_id: int = -1,
                     stop_token_ids: Sequence[int] = (), min_new_tokens: int = 0, now: float = 0.0,
                     priority: float = 0.5, cache_salt: int = 0, reuse_prefix: bool = True) -> None: ...

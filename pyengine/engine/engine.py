@@ -352,7 +352,8 @@ class Engine:
         runs all decoder layers in one C++ call (0: none), and the generation defaults in force
         (generation_config: the file read, the end-of-sequence ids, the sampling defaults), the
         step cost model of time-budgeted steps (step_cost_model()), and speculative decoding's
-        draft model (None without one: its directory, layers, KV pool bytes, one-call rows)."""
+        draft model (None without one: its directory, layers, KV pool bytes, one-call rows) and
+        the costs its adaptive draft length weighs drafts with (None when it is off)."""
         p = self._parts
         info = cpu_info()
         one_call = self._runner.cpu_decode
@@ -362,7 +363,8 @@ class Engine:
                 "cpu_kernels": {"isa": info.isa, "reason": info.reason, "supported": list(info.supported)},
                 "cpu_one_call_decode_max_rows": 0 if one_call is None else one_call.max_rows,
                 "generation_config": p.generation.as_dict(),
-                "step_cost_model": self.step_cost_model(), "draft_model": self._draft_model_report()}
+                "step_cost_model": self.step_cost_model(), "draft_model": self._draft_model_report(),
+                "adaptive_draft_length": p.draft_costs}
 
     def _draft_model_report(self) -> dict[str, Any] | None:
         drafter = self._parts.drafter

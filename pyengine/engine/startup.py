@@ -90,6 +90,7 @@ class EngineParts:
     draft_config: ModelConfig | None = None  # speculative decoding's draft model, if any
     draft_model: LlamaFamilyModel | None = None  # (until the executor phase hands it to its runner)
     drafter: DraftModelRunner | None = None
+    draft_costs: dict[str, float] | None = None  # the adaptive draft length's (None: not adaptive)
 
 
 @contextlib.contextmanager
@@ -132,7 +133,7 @@ def _run_phases(engine_args: dict[str, Any]) -> EngineParts:
     with _phase(phases, "kv_capacity"):
         parts.capacity = _kv_capacity(parts, model)
     with _phase(phases, "scheduler"):
-        parts.bm = _batch_manager(parts, parts.capacity.num_blocks)
+        parts.bm = _batch_manager(parts, parts.capacity.num_blocks, model)
         parts.sampler = Sampler(parts.bm.num_slots, parts.model_config.vocab_size, parts.config.seed, parts.device)
     with _phase(phases, "executor"):
         sc = parts.config.scheduler_config
@@ -361,23 +362,44 @@ def _step_cost_model(parts: EngineParts) -> None:
     bm.set_step_cost_model(m.fixed_ms, m.per_seq_ms, m.per_token_ms, m.per_kpair_ms)
 
 
-def _batch_manager(parts: EngineParts, num_blocks: int) -> CoreBatchManager:
+def _batch_manager(parts: EngineParts, num_blocks: int, model: LlamaFamilyModel) -> CoreBatchManager:
     sc, kc = parts.config.scheduler_config, parts.config.kv_cache_config
     return CoreBatchManager(
         max_batch_size=sc.max_batch_size, max_num_tokens=sc.max_num_tokens, max_seq_len=parts.max_seq_len,
         tokens_per_block=kc.tokens_per_block, num_blocks=num_blocks, enable_chunked_context=sc.enable_chunked_prefill,
         policy=sc.capacity_scheduler_policy, vocab_size=parts.model_config.vocab_size,
         num_seq_slots=parts.config.num_seq_slots, enable_block_reuse=kc.enable_block_reuse,
-        queue_policy=sc.queue_policy, **_speculation(parts.config.speculative_config))
+        queue_policy=sc.queue_policy, **_speculation(parts, model))
 
 
-def _speculation(spec: SpeculativeConfig | None) -> dict[str, Any]:
-    """The batch manager's speculative-decoding arguments."""
+# The cost of one more query row relative to a one-row decode step, where SpeculativeConfig
+# leaves it to the engine. CPU: the fp32 one-call decode of smollm-135m-shape took 16.5 ms
+# for one row and 18.3 / 20.9 / 24.3 ms for 2 / 3 / 5 (2 threads, AVX-512). GPU: a decode
+# step's weight reads dwarf a few more rows.
+DRAFT_ROW_COST_CPU = 0.12
+DRAFT_ROW_COST_CUDA = 0.02
+
+
+def _speculation(parts: EngineParts, model: LlamaFamilyModel) -> dict[str, Any]:
+    """The batch manager's speculative-decoding arguments (and parts.draft_costs: the adaptive
+    draft length's costs, for startup_report())."""
+    spec = parts.config.speculative_config
     if spec is None:
         return {}
-    return {"num_speculative_tokens": spec.num_speculative_tokens, "ngram_drafts": spec.method == "ngram",
+    args = {"num_speculative_tokens": spec.num_speculative_tokens, "ngram_drafts": spec.method == "ngram",
             "model_drafts": spec.method == "draft_model",
             "prompt_lookup_min": spec.prompt_lookup_min, "prompt_lookup_max": spec.prompt_lookup_max}
+    if spec.adaptive_draft_length:
+        row = spec.draft_row_cost
+        if row is None:
+            row = DRAFT_ROW_COST_CUDA if parts.device.type == "cuda" else DRAFT_ROW_COST_CPU
+        propose = spec.draft_propose_cost
+        if propose is None:  # a batch-1 forward of either model reads its weights
+            propose = 0.0 if parts.draft_model is None else \
+                parts.draft_model.decode_weight_bytes / model.decode_weight_bytes
+        parts.draft_costs = {"draft_row_cost": row, "draft_propose_cost": propose}
+        args.update(adaptive_draft_length=True, **parts.draft_costs)
+    return args
 
 
 def _runner(parts: EngineParts, model: LlamaFamilyModel, bm: CoreBatchManager, rows: int, num_blocks: int,

@@ -91,6 +91,13 @@ class LlamaFamilyModel:
     LLAMA_LAYER = True
 
     @property
+    def decode_weight_bytes(self) -> int:
+        """The weight bytes a one-token forward reads: every layer's weights and the head (of
+        the embedding, only the token's row)."""
+        weights = [w for layer in self.layers for w in layer.values() if isinstance(w, (torch.Tensor, QuantizedWeight))]
+        return sum(w.nbytes for w in weights) + self.lm_head.nbytes
+
+    @property
     def cuda_graphs_ok(self) -> bool:
         """Whether a decode step may be replayed from a captured CUDA graph (a replay runs the
         captured kernels only: no Python bookkeeping of the forward)."""

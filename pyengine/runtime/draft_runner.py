@@ -13,22 +13,25 @@ Each step, between the schedule and the target's forward, `propose` runs the dra
 1 + (k - 1) times:
 
 - first forward: every context chunk the target computes this step (the draft keeps the
-  KV of every prompt position), and each generating request's last sampled token t0 at
-  its position P (preceded by the draft it has not seen yet, see below); its logits row
+  KV of every prompt position), and each drafting request's last sampled token t0 at its
+  position P, preceded by the tokens it has not seen yet (see below); its logits row
   proposes draft 1;
 - forward j = 2..k: draft j - 1 at position P + j - 1, one row per request, proposing draft j.
 
-The last draft, k, is verified by the target but never fed to the draft model in the step
-that proposed it. When the target accepts all k drafts, the draft model lacks its K/V at
-P + k; the request's next first forward feeds it (one row more) before the new t0. When
-the target rejects some, the positions the draft wrote past the accepted ones are
-rewritten with the right tokens next step, as the target's are.
+A generating request that carries no drafts this step (the batch manager's back-off or
+adaptive draft length paused it, or max_tokens is near) costs the draft model nothing: its
+tokens are kept (`behind`) and fed as a chunk before its t0 the next time it drafts. The
+last draft, k, is verified by the target but never fed to the draft model in the step that
+proposed it: when the target accepts all k drafts, the draft lacks its K/V at P + k, which
+starts the request's `behind` tokens. When the target rejects some, the positions the
+draft wrote past the accepted ones are rewritten with the right tokens next step, as the
+target's are.
 
 What the draft pool holds only ever changes which tokens are proposed, never which are
-emitted: the target verifies every draft. (A block registered for prefix reuse right after
-a step that accepted all its drafts may lack the draft's K/V at that step's last draft
-position, until the request's next step; a request reusing it in between gets slightly
-worse drafts, the same outputs.)
+emitted: the target verifies every draft. (A block registered for prefix reuse while its
+request's draft was behind -- its last step accepted all drafts, or it is not drafting --
+lacks the draft's K/V at those positions until the request drafts again; a request reusing
+it in between gets worse drafts, the same outputs.)
 """
 
 from __future__ import annotations
@@ -49,12 +52,14 @@ class Proposal:
     after the target's logits row i was drawn from (the sampler's rejection rule; None when
     every draft was greedy); `last`: core id -> (the request's number of drafts, its last
     draft's position, that draft) for the requests that got drafts; `fed`: core ids whose
-    draft K/V this step brought up to date."""
+    draft K/V this step brought up to date; `skipped`: core id -> (position, token) of the
+    t0 of each generating request that may speculate but carries no drafts this step."""
 
     tokens: list[int]
     probs: torch.Tensor | None
     last: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     fed: set[int] = field(default_factory=set)
+    skipped: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 class DraftModelRunner:
@@ -70,9 +75,10 @@ class DraftModelRunner:
         self.kv_pool, self.kv_caches = allocate_kv_pool(model.config, num_blocks, tokens_per_block, kv_dtype,
                                                         self.device, zeroed=True)
         self.cpu_decode = one_call_decode(model, self.kv_caches, max_blocks_per_seq)
-        # core id -> (position, token): the last draft of a step whose drafts were all accepted,
-        # not yet fed to the draft model
-        self.unfed: dict[int, tuple[int, int]] = {}
+        # core id -> (first position, tokens): the tokens of a generating request the draft
+        # model has not been fed yet (the last draft of a step that accepted all, the steps
+        # it did not draft in), fed before its t0 the next time it drafts
+        self.behind: dict[int, tuple[int, list[int]]] = {}
 
     @property
     def kv_pool_bytes(self) -> int:
@@ -106,27 +112,33 @@ class DraftModelRunner:
         drafting: list[tuple[int, int, int]] = []  # (batch index, drafts, first target row)
         logit_rows: list[int] = []
         fed: set[int] = set()
+        skipped: dict[int, tuple[int, int]] = {}
         for s in range(num_seqs):
             a, b = qsl[s], qsl[s + 1]
             d = b - a - 1 if s < num_generation_seqs else 0
             cid = req_ids[s]
-            if d <= 0 and not speculates(cid):
-                continue
             if s < num_generation_seqs:
                 p = positions[a]
-                unfed = self.unfed.get(cid)
-                if unfed is not None and unfed[0] == p - 1:
-                    block = int(runner.block_tables[s, (p - 1) // tpb])
-                    ids.append(unfed[1])
-                    pos.append(p - 1)
-                    slots.append(block * tpb + (p - 1) % tpb)
+                if d <= 0:
+                    if speculates(cid):  # fed later, with the tokens after it
+                        skipped[cid] = (p, inputs[a])
+                    continue
+                start, behind = self.behind.get(cid, (p, []))
+                if start + len(behind) != p:  # (not this request's latest tokens: draft from t0 alone)
+                    start, behind = p, []
+                for i, token in enumerate(behind):
+                    block = int(runner.block_tables[s, (start + i) // tpb])
+                    ids.append(token)
+                    pos.append(start + i)
+                    slots.append(block * tpb + (start + i) % tpb)
                 ids.append(inputs[a])
                 pos.append(p)
                 slots.append(slot_mapping[a])
                 lens.append(p + 1)
-                if d > 0:
-                    drafting.append((s, d, a))
-                    logit_rows.append(len(ids) - 1)
+                drafting.append((s, d, a))
+                logit_rows.append(len(ids) - 1)
+            elif not speculates(cid):
+                continue
             else:
                 ids += inputs[a:b]
                 pos += positions[a:b]
@@ -136,11 +148,11 @@ class DraftModelRunner:
             seqs.append(s)
             starts.append(len(ids))
         if not seqs:
-            return None
+            return Proposal([], None, {}, fed, skipped) if skipped else None
         seq_index = torch.tensor(seqs, dtype=torch.int64)
         logits = self._forward(ids, pos, slots, starts, lens, runner.block_tables[seq_index], logit_rows)
         if not drafting:
-            return Proposal([], None, {}, fed)
+            return Proposal([], None, {}, fed, skipped)
 
         # forwards 2..k: one row per request still drafting
         batch_slots = runner.seq_slots[:num_seqs].to(torch.int64)
@@ -179,7 +191,7 @@ class DraftModelRunner:
                 if entry is not None:
                     members, p = entry
                     probs[[drafting[i][2] + j for i in members]] = p
-        return Proposal(flat, probs, last, fed)
+        return Proposal(flat, probs, last, fed, skipped)
 
     def _sample(self, sampler: Sampler, logits: torch.Tensor, slots: torch.Tensor,
                 j: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -211,12 +223,19 @@ class DraftModelRunner:
     def commit(self, proposal: Proposal | None, emitted: dict[int, int], live) -> None:
         """After the step's update: `emitted` maps each request of the batch to the tokens it
         kept. A request that kept all its drafts and the token after them has its last draft
-        still to feed; the others are up to date. Requests no longer `live` are forgotten."""
+        still to feed, one that did not draft its t0; the others are up to date. Requests no
+        longer `live` are forgotten."""
         if proposal is not None:
             for cid in proposal.fed:
-                self.unfed.pop(cid, None)
+                self.behind.pop(cid, None)
             for cid, (d, position, token) in proposal.last.items():
                 if emitted.get(cid, 0) == d + 1:
-                    self.unfed[cid] = (position, token)
-        for cid in [cid for cid in self.unfed if not live(cid)]:
-            del self.unfed[cid]
+                    self.behind[cid] = (position, [token])
+            for cid, (position, token) in proposal.skipped.items():
+                start, behind = self.behind.get(cid, (position, []))
+                if start + len(behind) == position:
+                    self.behind[cid] = (start, behind + [token])
+                else:
+                    self.behind[cid] = (position, [token])
+        for cid in [cid for cid in self.behind if not live(cid)]:
+            del self.behind[cid]

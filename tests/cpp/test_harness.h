@@ -1,9 +1,11 @@
-// A minimal test harness: TEST(name) registers a test; CHECK / CHECK_EQ / CHECK_THROWS
+// A minimal test harness: TEST(name) registers a test; CHECK / CHECK_EQ / CHECK_NEAR / CHECK_THROWS
 // record failures with file and line. main() runs every test and exits non-zero on failure.
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -43,6 +45,19 @@ std::string show(const std::vector<T>& v) {
   return os.str();
 }
 
+template <typename K, typename V>
+std::string show(const std::map<K, V>& m) {
+  std::ostringstream os;
+  os << "{";
+  bool first = true;
+  for (const auto& kv : m) {
+    os << (first ? "" : ", ") << kv.first << ": " << kv.second;
+    first = false;
+  }
+  os << "}";
+  return os.str();
+}
+
 inline int run_all() {
   int failed_tests = 0;
   for (auto& t : Registry::get().tests) {
@@ -77,6 +92,13 @@ inline int run_all() {
     auto vb_ = (b);                                                                           \
     if (!(va_ == vb_))                                                                        \
       test::fail(__FILE__, __LINE__, std::string(#a " == " #b ": ") + test::show(va_) + " vs " + test::show(vb_)); \
+  } while (0)
+
+#define CHECK_NEAR(a, b, tol)                                                                 \
+  do {                                                                                        \
+    const double va_ = (a), vb_ = (b);                                                        \
+    if (!(std::abs(va_ - vb_) <= (tol)))                                                      \
+      test::fail(__FILE__, __LINE__, std::string(#a " ~= " #b ": ") + test::show(va_) + " vs " + test::show(vb_)); \
   } while (0)
 
 #define CHECK_THROWS(expr, ExcType, substring)                                                  \

@@ -8,6 +8,7 @@
 #include <set>
 #include <tuple>
 
+#include "batch_manager/draft_length.h"
 #include "batch_manager/ngram_proposer.h"
 #include "pyengine/batch_manager.h"
 #include "test_harness.h"
@@ -404,6 +405,97 @@ TEST(a_draft_model_backs_off_for_four_steps_at_most) {
   }
   // misses at 1, 2 (pause 1: step 3), 4 (pause 2: 5-6), 7 (pause 4: 8-11), 12, 17, 22, 27
   CHECK_EQ(drafted_at, (std::vector<int32_t>{1, 2, 4, 7, 12, 17, 22, 27}));
+}
+
+TEST(the_best_draft_count_maximizes_tokens_per_unit_of_cost) {
+  // (1 + a + ... + a^k) / (1 + k c): a = 0.6, c = 0.22 -> k = 1: 1.311, 2: 1.361, 3: 1.311
+  CHECK_EQ(best_draft_count(0.6, 0.22, 3), 2);
+  CHECK_EQ(best_draft_count(0.6, 0.22, 1), 1);  // the limit holds
+  CHECK_EQ(best_draft_count(0.6, 0.12, 3), 3);  // 1.429, 1.581, 1.600
+  CHECK_EQ(best_draft_count(1.0, 0.9, 5), 5);   // every draft accepted: always worth it while c < 1
+  CHECK_EQ(best_draft_count(0.2, 0.22, 4), 0);  // a < c: not even one pays
+  CHECK_EQ(best_draft_count(0.22, 0.22, 4), 0); // a tie goes to fewer drafts
+  CHECK_EQ(best_draft_count(0.9, 0.0, 0), 0);
+  // rho B / (1 + (B - 1) rho) + delta: one request pays rho + delta; 64 pay nearly a whole row
+  CHECK_NEAR(draft_token_cost(0.12, 0.1, 1), 0.22, 1e-12);
+  CHECK_NEAR(draft_token_cost(0.12, 0.0, 4), 0.48 / 1.36, 1e-12);
+  CHECK_NEAR(draft_token_cost(0.12, 0.0, 64), 7.68 / 8.56, 1e-12);
+  DraftAcceptance a;
+  CHECK_NEAR(a.rate(), 0.6, 1e-12);
+  a.observe(2, 2);  // both accepted: no rejection
+  CHECK_NEAR(a.rate(), (1.2 * 0.875 + 2) / (1.2 * 0.875 + 2 + 0.8 * 0.875), 1e-12);
+  a.observe(0, 3);
+  CHECK_NEAR(a.rejected, 0.8 * 0.875 * 0.875 + 1, 1e-12);
+}
+
+namespace {
+
+// Runs one request with model drafts (placeholders filled with 7) and adaptive draft length
+// for `steps` steps, the model sampling 7 (drafts accepted) or 99 (rejected); returns the
+// draft count of each step that had drafts, by step.
+std::map<int32_t, int32_t> adaptive_run(bool accept, int32_t steps) {
+  BatchManagerConfig c = config(3);
+  c.max_seq_len = 256;
+  c.num_blocks = 64;
+  c.model_drafts = true;
+  c.adaptive_draft_length = true;
+  c.draft_row_cost = 0.12;
+  c.draft_propose_cost = 0.1;
+  BatchManager bm(c);
+  add(bm, 1, {3, 50}, 200);
+  std::map<int32_t, int32_t> drafted;
+  for (int32_t s = 0; s < steps; ++s) {
+    const ForwardMetadata& m = bm.schedule(0.0);
+    if (m.num_draft_tokens > 0) {
+      drafted[s] = m.num_draft_tokens;
+      const Tokens drafts(static_cast<size_t>(m.num_draft_tokens), 7);
+      bm.set_scheduled_draft_tokens(drafts.data(), m.num_draft_tokens);
+    }
+    const Tokens sampled(static_cast<size_t>(m.num_logits), accept ? 7 : 99);
+    bm.update(sampled.data(), m.num_logits, 0.0);
+    bm.check_invariants();
+  }
+  return drafted;
+}
+
+}  // namespace
+
+TEST(adaptive_draft_length_follows_the_acceptance) {
+  // c = 0.12 + 0.1 = 0.22 at batch 1. Every draft accepted: the prior (0.6) gives 2 drafts,
+  // then the estimate (0.81 after one verification) the limit, 3, every step.
+  std::map<int32_t, int32_t> expected;
+  expected[1] = 2;
+  for (int32_t s = 2; s < 12; ++s) expected[s] = 3;
+  CHECK_EQ(adaptive_run(true, 12), expected);
+  // Every draft rejected: 2 drafts (a 0.6), 1 (0.38), the miss back-off's pause at step 3,
+  // 1 (0.27), its pause of 2 steps, then a = 0.20 < c: none for 8 steps (7-14), a probe with
+  // one at 15, whose miss pauses 4 steps (16-19); none for 8 (20-27), a probe at 28, ...
+  CHECK_EQ(adaptive_run(false, 45),
+           (std::map<int32_t, int32_t>{{1, 2}, {2, 1}, {4, 1}, {15, 1}, {28, 1}, {41, 1}}));
+}
+
+TEST(adaptive_draft_length_drafts_less_in_a_larger_batch) {
+  // rho = 0.12, delta = 0, prior a = 0.6: alone, c = 0.12 and 3 drafts pay best; among 4
+  // generating requests c = 0.48 / 1.36 = 0.353 and 1 does (1.182 against 1.149 for 2).
+  BatchManagerConfig c = config(3);
+  c.model_drafts = true;
+  c.adaptive_draft_length = true;
+  c.draft_row_cost = 0.12;
+  BatchManager one(c);
+  add(one, 1, {3, 50}, 20);
+  step(one, {7});
+  CHECK_EQ(one.schedule(0.0).num_draft_tokens, 3);
+  one.rollback();
+  BatchManager four(c);
+  for (RequestId id = 1; id <= 4; ++id) add(four, id, {3, 50}, 20);
+  step(four, {7, 7, 7, 7});
+  const ForwardMetadata& m = four.schedule(0.0);
+  CHECK_EQ(m.num_draft_tokens, 4);
+  CHECK_EQ(head(m.query_start_loc, 5), (std::vector<int32_t>{0, 2, 4, 6, 8}));
+  four.rollback();
+  BatchManagerConfig bad = c;
+  bad.draft_row_cost = -0.5;
+  CHECK_THROWS(BatchManager{bad}, std::invalid_argument, "draft_row_cost and draft_propose_cost must be finite and >= 0");
 }
 
 TEST(model_drafts_are_placeholders_that_set_scheduled_draft_tokens_fills) {

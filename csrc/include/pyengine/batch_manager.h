@@ -48,6 +48,18 @@ struct BatchManagerConfig {
   bool model_drafts = false;
   int32_t prompt_lookup_min = 2;
   int32_t prompt_lookup_max = 4;
+  // Adaptive draft length: schedule() gives a generating request the draft count k, up to its
+  // limit, that maximizes the tokens a step yields per unit of its cost,
+  // (1 + a + ... + a^k) / (1 + k c): a is the request's acceptance rate so far (decayed
+  // counts of its verifications, from a prior of 0.6), c the cost of a draft token relative
+  // to the request's share of a plain decode step with B generating requests,
+  // c = rho B / (1 + (B - 1) rho) + delta, rho = draft_row_cost (one more query row relative
+  // to a one-row decode step), delta = draft_propose_cost (proposing one draft: a draft
+  // model's forward, same unit). When k = 0 is best the request proposes nothing for 8 steps,
+  // then probes with one draft. Drafts set by the caller are used as given.
+  bool adaptive_draft_length = false;
+  double draft_row_cost = 0.0;
+  double draft_propose_cost = 0.0;
 };
 
 // The forward's inputs for one step, in preallocated buffers (sequences: generation rows

@@ -94,6 +94,11 @@ typedef struct pe_batch_manager_config {
   /* whether schedule gives every generating request its draft limit of placeholders, which
    * pe_batch_manager_set_scheduled_draft_tokens fills (a draft model run after the schedule) */
   int32_t model_drafts;
+  /* adaptive draft length (pyengine::BatchManagerConfig): each step a request carries the
+   * draft count that its acceptance so far and these costs make worth most */
+  int32_t adaptive_draft_length;
+  double draft_row_cost;
+  double draft_propose_cost;
 } pe_batch_manager_config;
 
 /* The C++ defaults (num_blocks 0: set it). Thread-safe. */
