@@ -151,6 +151,25 @@ def bench_checkpoint(name: str, root: Path | str | None = None) -> Path:
     return cached_checkpoint(name, BENCH_MODELS[name], root=root)
 
 
+COPYING_NAME = "copying-135m-shape"
+
+
+def copying_checkpoint(root: Path | str | None = None) -> Path:
+    """``copying-135m-shape``: smollm-135m-shape's layers, heads and vocabulary with weights
+    built by hand to copy its context (pyengine.testing.copying_model: an induction circuit
+    in its first two layers, the other 28 read at every step but inert, an untied head;
+    143 M parameters, 573 MB in fp32), built once into the checkpoint cache and reused."""
+    from pyengine.testing.checkpoints import default_cache_root
+    from pyengine.testing.copying_model import build_copying_checkpoint
+
+    path = Path(root if root is not None else default_cache_root()) / COPYING_NAME
+    if not (path / "model.safetensors").is_file():
+        tmp = path.with_name(path.name + ".tmp")
+        build_copying_checkpoint(tmp)  # (renamed when complete: an interrupted build is redone)
+        tmp.rename(path)
+    return path
+
+
 # --------------------------------------------------------------------------------------
 # Workloads
 # --------------------------------------------------------------------------------------
