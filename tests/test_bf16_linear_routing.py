@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 import pyengine.layers.linear as linear_layer
+from pyengine.layers import packed_gemm
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
 import pyengine.layers.cpu_features as cpu_features
 from pyengine.layers.cpu_features import (EMULATED_BF16_MIN_ROWS, NATIVE_BF16_KERNEL_MAX_ROWS,
@@ -71,9 +72,15 @@ def test_with_bf16_instructions_the_kernel_takes_decode_batches_only(checkpoint_
         torch_rows.append(x.shape[0])
         return real_torch(x, w, b)
 
+    def spy_packed(x, packed, b=None):  # torch's GEMM on weights packed for it (packed_gemm.py)
+        torch_rows.append(x.shape[0])
+        return real_packed(x, packed, b)
+
     real_kernel, real_torch = linear_layer.linear_bf16, linear_layer.F.linear
+    real_packed = packed_gemm.packed_linear
     monkeypatch.setattr(linear_layer, "linear_bf16", spy_kernel)
     monkeypatch.setattr(linear_layer.F, "linear", spy_torch)
+    monkeypatch.setattr(packed_gemm, "packed_linear", spy_packed)
     engine = Engine(model_dir, dtype="bfloat16", max_seq_len=128,
                     kv_cache_config=KvCacheConfig(max_tokens=512),
                     scheduler_config=SchedulerConfig(max_batch_size=12, max_num_tokens=128))

@@ -53,6 +53,11 @@ class Engine:
         batches use pyengine's own fp32 GEMV and run all layers in one C++ call, about twice as
         fast at batch 1; its sums run in another order, so a greedy token can differ from
         transformers' where the two best logits are within rounding noise of each other.
+    pack_bf16_weights: in bfloat16 on a CPU with bf16 instructions (AVX512-BF16 or AMX), keep a
+        copy of each linear weight in oneDNN's packed layout for the GEMMs of batches past the
+        one-call decode rows (prefill, larger decode batches): those run 1.3-1.9x faster, for
+        the weights' bytes again in memory (startup_report()["packed_weight_bytes"]). False
+        saves that memory.
     quantization: quantize the checkpoint's float weights at load, into one of llama.cpp's block
         formats: "q8_0", "q5_0", "q4_0", "q4_k", "q6_k", or "q4_k_m" (llama.cpp's Q4_K_M mixture)
         (round to nearest, as llama-quantize does without an
@@ -94,7 +99,7 @@ class Engine:
                  max_seq_len: int | None = None, seed: int | None = None, overlap: bool = False,
                  device: str | torch.device = "cpu", cuda_graphs: bool = True,
                  cuda_graph_batch_sizes: Sequence[int] | None = None, exact_fp32: bool = False,
-                 quantization: str | None = None, quantize_lm_head: bool = True,
+                 pack_bf16_weights: bool = True, quantization: str | None = None, quantize_lm_head: bool = True,
                  tokenizer: str | Path | None = None, generation_config: str | Path = "auto",
                  chat_template: str | None = None, speculative_config: SpeculativeConfig | None = None) -> None:
         self._closed = True
@@ -103,7 +108,7 @@ class Engine:
                              scheduler_config=scheduler_config, max_seq_len=max_seq_len, seed=seed,
                              overlap=overlap, device=device, cuda_graphs=cuda_graphs,
                              cuda_graph_batch_sizes=cuda_graph_batch_sizes, exact_fp32=exact_fp32,
-                             quantization=quantization, quantize_lm_head=quantize_lm_head, tokenizer=tokenizer,
+                             pack_bf16_weights=pack_bf16_weights, quantization=quantization, quantize_lm_head=quantize_lm_head, tokenizer=tokenizer,
                              generation_config=generation_config, chat_template=chat_template,
                              speculative_config=speculative_config)
         self._parts = parts
@@ -364,7 +369,8 @@ class Engine:
                 "cpu_one_call_decode_max_rows": 0 if one_call is None else one_call.max_rows,
                 "generation_config": p.generation.as_dict(),
                 "step_cost_model": self.step_cost_model(), "draft_model": self._draft_model_report(),
-                "adaptive_draft_length": p.draft_costs}
+                "adaptive_draft_length": p.draft_costs,
+                "packed_weight_bytes": self._runner.model.packed_weight_bytes}
 
     def _draft_model_report(self) -> dict[str, Any] | None:
         drafter = self._parts.drafter

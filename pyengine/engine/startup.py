@@ -196,7 +196,7 @@ def _load_model(parts: EngineParts) -> Any:
     else:
         weights = load_tensors(parts.config.model, names, parts.config.dtype, optional, convert=convert)
     model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device,
-                exact_fp32=parts.config.exact_fp32)
+                exact_fp32=parts.config.exact_fp32, pack_bf16_weights=parts.config.pack_bf16_weights)
     if parts.quant_plan is not None:
         logger.info("quantized at load to %s: %s", parts.config.quantization, parts.quant_plan.summary())
     if parts.quant_plan is not None or model.quantized:  # (AWQ / GPTQ checkpoints are quantized models)
@@ -217,7 +217,8 @@ def _load_draft_model(parts: EngineParts) -> LlamaFamilyModel:
         plan = QuantPlan.create(spec.draft_quantization, mc.tie_word_embeddings, True, mc.num_layers)
     weights = load_tensors(spec.draft_model, names, parts.config.dtype, optional,
                            convert=None if plan is None else plan.convert)
-    model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device, exact_fp32=parts.config.exact_fp32)
+    model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device, exact_fp32=parts.config.exact_fp32,
+                pack_bf16_weights=parts.config.pack_bf16_weights)
     if plan is not None:
         logger.info("draft model quantized at load to %s: %s", spec.draft_quantization, plan.summary())
         del weights

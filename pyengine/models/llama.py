@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from pyengine.layers import attention
 from pyengine.layers import elementwise as cpu_elementwise
 from pyengine.layers import fused_decode as cpu_decode
+from pyengine.layers import packed_gemm
 from pyengine.layers.cpu_features import bf16_kernel_max_rows, native_bf16_matmul
 from pyengine.layers.linear import dense
 from pyengine.layers.norm import add_rms_norm, rms_norm
@@ -90,6 +91,22 @@ class LlamaFamilyModel:
     #: optional q/k RMSNorm, RoPE over whole heads from one table, o, post norm, SiLU gate_up, down).
     LLAMA_LAYER = True
 
+    def _pack_gemm_weights(self) -> None:
+        for w in [layer[n] for layer in self.layers for n in ("qkv", "o", "gate_up", "down")] + [self.lm_head]:
+            if isinstance(w, torch.Tensor) and w.data_ptr() not in self.packed:
+                p = packed_gemm.pack(w)
+                if p is None:
+                    return
+                self.packed[w.data_ptr()] = p
+
+    @property
+    def packed_weight_bytes(self) -> int:
+        """The bytes of the oneDNN-packed copies of the bf16 weights (0: none)."""
+        # (an opaque oneDNN tensor has no storage to measure: it holds what the plain one does)
+        return sum(w.nbytes for layer in self.layers for w in layer.values()
+                   if isinstance(w, torch.Tensor) and w.data_ptr() in self.packed) + \
+            (self.lm_head.nbytes if self.lm_head.data_ptr() in self.packed else 0)
+
     @property
     def decode_weight_bytes(self) -> int:
         """The weight bytes a one-token forward reads: every layer's weights and the head (of
@@ -104,7 +121,8 @@ class LlamaFamilyModel:
         return True
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 max_seq_len: int, device: torch.device | str = "cpu", *, exact_fp32: bool = False):
+                 max_seq_len: int, device: torch.device | str = "cpu", *, exact_fp32: bool = False,
+                 pack_bf16_weights: bool = False):
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
@@ -144,6 +162,11 @@ class LlamaFamilyModel:
         cpu_bf16 = dtype == torch.bfloat16 and weights_on_cpu(self.embed)
         self.emulate_bf16 = cpu_bf16 and not native_bf16_matmul()
         self.bf16_kernel_max_rows = bf16_kernel_max_rows() if cpu_bf16 else 0
+        # ... and torch's native bf16 GEMM for larger ones, on weights packed for it once
+        # (pyengine/layers/packed_gemm.py): weight data_ptr -> packed copy
+        self.packed: dict[int, torch.Tensor] = {}
+        if cpu_bf16 and pack_bf16_weights and not self.emulate_bf16 and packed_gemm.packing_works():
+            self._pack_gemm_weights()
         # torch's fp32 GEMV streams the weights at a fraction of the memory bandwidth: small fp32
         # batches on the CPU take pyengine's linear_f32 (the same sums in another order), unless
         # exact_fp32 asks for torch's (and transformers') rounding.
@@ -284,6 +307,10 @@ class LlamaFamilyModel:
         return F.embedding(input_ids, self.embed)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        if self.packed and x.shape[0] > self.bf16_kernel_max_rows:
+            packed = self.packed.get(w.data_ptr())
+            if packed is not None:
+                return packed_gemm.packed_linear(x, packed, b)
         return dense(x, w, b, self.emulate_bf16, self.fast_fp32, self.bf16_kernel_max_rows)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
