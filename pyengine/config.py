@@ -265,7 +265,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     cuda_graph_batch_sizes: Sequence[int] | None = None
     exact_fp32: bool = False
-    pack_bf16_weights: bool = True
+    pack_bf16_weights: bool | None = None
     quantization: str | None = None
     quantize_lm_head: bool = True
     tokenizer: str | Path | None = None
@@ -312,8 +312,8 @@ class EngineConfig:
         self.overlap = bool(self.overlap)
         if not isinstance(self.exact_fp32, bool):
             raise TypeError(f"exact_fp32 must be a bool, got {self.exact_fp32!r}")
-        if not isinstance(self.pack_bf16_weights, bool):
-            raise TypeError(f"pack_bf16_weights must be a bool, got {self.pack_bf16_weights!r}")
+        if self.pack_bf16_weights is not None and not isinstance(self.pack_bf16_weights, bool):
+            raise TypeError(f"pack_bf16_weights must be a bool or None, got {self.pack_bf16_weights!r}")
         if not isinstance(self.quantize_lm_head, bool):
             raise TypeError(f"quantize_lm_head must be a bool, got {self.quantize_lm_head!r}")
         if self.quantization is not None:

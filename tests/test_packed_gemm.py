@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pyengine import Engine, SamplingParams, StartupError
+from pyengine import Engine, KvCacheConfig, SamplingParams, StartupError
 from pyengine.layers import packed_gemm
+from pyengine.runtime import host_memory
 
 
 @pytest.fixture
@@ -61,8 +62,22 @@ def test_the_model_packs_its_linear_weights(native_bf16, llama_dir, checkpoint_f
         kwargs = {"dtype": "bfloat16", **kwargs}
         other = Engine(llama_dir, max_seq_len=128, **kwargs)
         assert other._runner.model.packed == {} and other.startup_report()["packed_weight_bytes"] == 0
-    with pytest.raises(StartupError, match="phase 'config': TypeError: pack_bf16_weights must be a bool, got 1"):
+    with pytest.raises(StartupError, match="phase 'config': TypeError: pack_bf16_weights must be a bool or None, "
+                                           "got 1"):
         Engine(llama_dir, pack_bf16_weights=1)
+
+
+def test_by_default_only_what_fits_a_quarter_of_the_memory_is_packed(native_bf16, llama_dir, monkeypatch):
+    """pack_bf16_weights=None (the default) packs while the copy takes at most a quarter of the
+    available memory; True packs anyway."""
+    size = linear_bytes(Engine(llama_dir, dtype="bfloat16", max_seq_len=128)._runner.model)
+    kv = KvCacheConfig(max_tokens=2048)  # (a configured pool: no memory probe)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 4 * size)
+    assert Engine(llama_dir, dtype="bfloat16", max_seq_len=128, kv_cache_config=kv)._runner.model.packed
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 4 * size - 1)
+    assert not Engine(llama_dir, dtype="bfloat16", max_seq_len=128, kv_cache_config=kv)._runner.model.packed
+    forced = Engine(llama_dir, dtype="bfloat16", max_seq_len=128, kv_cache_config=kv, pack_bf16_weights=True)
+    assert forced.startup_report()["packed_weight_bytes"] == size
 
 
 @torch.inference_mode()

@@ -56,8 +56,9 @@ class Engine:
     pack_bf16_weights: in bfloat16 on a CPU with bf16 instructions (AVX512-BF16 or AMX), keep a
         copy of each linear weight in oneDNN's packed layout for the GEMMs of batches past the
         one-call decode rows (prefill, larger decode batches): those run 1.3-1.9x faster, for
-        the weights' bytes again in memory (startup_report()["packed_weight_bytes"]). False
-        saves that memory.
+        the weights' bytes again in memory (startup_report()["packed_weight_bytes"]). None
+        (default): where that copy takes at most a quarter of the available memory; True:
+        always; False: never.
     quantization: quantize the checkpoint's float weights at load, into one of llama.cpp's block
         formats: "q8_0", "q5_0", "q4_0", "q4_k", "q6_k", or "q4_k_m" (llama.cpp's Q4_K_M mixture)
         (round to nearest, as llama-quantize does without an
@@ -99,16 +100,18 @@ class Engine:
                  max_seq_len: int | None = None, seed: int | None = None, overlap: bool = False,
                  device: str | torch.device = "cpu", cuda_graphs: bool = True,
                  cuda_graph_batch_sizes: Sequence[int] | None = None, exact_fp32: bool = False,
-                 pack_bf16_weights: bool = True, quantization: str | None = None, quantize_lm_head: bool = True,
-                 tokenizer: str | Path | None = None, generation_config: str | Path = "auto",
-                 chat_template: str | None = None, speculative_config: SpeculativeConfig | None = None) -> None:
+                 pack_bf16_weights: bool | None = None, quantization: str | None = None,
+                 quantize_lm_head: bool = True, tokenizer: str | Path | None = None,
+                 generation_config: str | Path = "auto", chat_template: str | None = None,
+                 speculative_config: SpeculativeConfig | None = None) -> None:
         self._closed = True
         self._guard = OneThreadGuard()
         parts = start_engine(model=model, dtype=dtype, kv_cache_config=kv_cache_config,
                              scheduler_config=scheduler_config, max_seq_len=max_seq_len, seed=seed,
                              overlap=overlap, device=device, cuda_graphs=cuda_graphs,
                              cuda_graph_batch_sizes=cuda_graph_batch_sizes, exact_fp32=exact_fp32,
-                             pack_bf16_weights=pack_bf16_weights, quantization=quantization, quantize_lm_head=quantize_lm_head, tokenizer=tokenizer,
+                             pack_bf16_weights=pack_bf16_weights, quantization=quantization,
+                             quantize_lm_head=quantize_lm_head, tokenizer=tokenizer,
                              generation_config=generation_config, chat_template=chat_template,
                              speculative_config=speculative_config)
         self._parts = parts

@@ -40,6 +40,7 @@ from pyengine.quant.on_load import LINEAR_SUFFIXES, QuantPlan
 from pyengine.quant.prequantized import PrequantizedSpec, load_prequantized
 from pyengine.runtime.cuda_graphs import DecodeGraphs, check_graph_batch_sizes, default_graph_batch_sizes
 from pyengine.runtime.device import resolve_device
+from pyengine.runtime import host_memory
 from pyengine.runtime.heap import release_free_heap
 from pyengine.runtime.kv_capacity import (SKIP_ENV, CpuMemoryProbe, CudaMemoryProbe, KvCapacity, MemoryReading,
                                           capacity_from_reading, configured_capacity, skip_requested)
@@ -196,13 +197,35 @@ def _load_model(parts: EngineParts) -> Any:
     else:
         weights = load_tensors(parts.config.model, names, parts.config.dtype, optional, convert=convert)
     model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device,
-                exact_fp32=parts.config.exact_fp32, pack_bf16_weights=parts.config.pack_bf16_weights)
+                exact_fp32=parts.config.exact_fp32)
+    _pack_bf16_weights(parts.config.pack_bf16_weights, model)
     if parts.quant_plan is not None:
         logger.info("quantized at load to %s: %s", parts.config.quantization, parts.quant_plan.summary())
     if parts.quant_plan is not None or model.quantized:  # (AWQ / GPTQ checkpoints are quantized models)
         del weights
         release_free_heap()  # the float copies converted one at a time, the blocks before interleaving
     return model
+
+
+# pack_bf16_weights=None packs while the copies take at most this share of the available memory
+PACKED_WEIGHTS_MAX_MEMORY_SHARE = 0.25
+
+
+def _pack_bf16_weights(setting: bool | None, model: LlamaFamilyModel) -> None:
+    """EngineConfig.pack_bf16_weights: True packs what can be packed, False nothing, None what
+    fits in a quarter of the available memory (a copy of the weights must not crowd out the KV
+    cache, nor fail to fit)."""
+    if setting is False:
+        return
+    weights = model.packable_bf16_weights()
+    size = sum(w.nbytes for w in weights)
+    if not weights:
+        return
+    if setting is None and size > PACKED_WEIGHTS_MAX_MEMORY_SHARE * host_memory.available_bytes():
+        logger.info("pyengine: bf16 weights not packed for oneDNN: the copy (%.0f MB) would take more than a "
+                    "quarter of the available memory (pack_bf16_weights=True packs anyway)", size / 1e6)
+        return
+    model.pack_bf16_weights()
 
 
 def _load_draft_model(parts: EngineParts) -> LlamaFamilyModel:
@@ -217,8 +240,7 @@ def _load_draft_model(parts: EngineParts) -> LlamaFamilyModel:
         plan = QuantPlan.create(spec.draft_quantization, mc.tie_word_embeddings, True, mc.num_layers)
     weights = load_tensors(spec.draft_model, names, parts.config.dtype, optional,
                            convert=None if plan is None else plan.convert)
-    model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device, exact_fp32=parts.config.exact_fp32,
-                pack_bf16_weights=parts.config.pack_bf16_weights)
+    model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device, exact_fp32=parts.config.exact_fp32)
     if plan is not None:
         logger.info("draft model quantized at load to %s: %s", spec.draft_quantization, plan.summary())
         del weights

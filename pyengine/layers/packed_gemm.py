@@ -7,7 +7,8 @@ oneDNN's packed weight (an opaque tensor beside the plain one, as many bytes) mu
 `packed_linear` gives F.linear's result (the same kernel family and accumulation: equal on
 the CPUs measured) in 0.5-0.8x the time from 1 to 256 rows (smollm-135m-shape's linears,
 AMX Xeon, 2 threads). The plain weight stays: pyengine's own kernels (`linear_bf16`, the
-one-call decode layers) read it for the smallest batches.
+one-call decode layers) read it for the smallest batches. The engine packs where the copies
+fit in a quarter of the available memory, unless told otherwise (EngineConfig.pack_bf16_weights).
 """
 
 from __future__ import annotations

@@ -33,10 +33,8 @@ class Gemma2Model(LlamaFamilyModel):
     LLAMA_LAYER = False
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 max_seq_len: int, device: torch.device | str = "cpu", *, exact_fp32: bool = False,
-                 pack_bf16_weights: bool = False):
-        super().__init__(config, weights, dtype, max_seq_len, device, exact_fp32=exact_fp32,
-                         pack_bf16_weights=pack_bf16_weights)
+                 max_seq_len: int, device: torch.device | str = "cpu", *, exact_fp32: bool = False):
+        super().__init__(config, weights, dtype, max_seq_len, device, exact_fp32=exact_fp32)
         # transformers: torch.tensor(hidden_size ** 0.5) (fp32), cast to the weights' dtype
         self.normalizer = torch.tensor(config.hidden_size ** 0.5).to(dtype).to(self.device)
 

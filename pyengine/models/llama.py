@@ -91,13 +91,25 @@ class LlamaFamilyModel:
     #: optional q/k RMSNorm, RoPE over whole heads from one table, o, post norm, SiLU gate_up, down).
     LLAMA_LAYER = True
 
-    def _pack_gemm_weights(self) -> None:
-        for w in [layer[n] for layer in self.layers for n in ("qkv", "o", "gate_up", "down")] + [self.lm_head]:
-            if isinstance(w, torch.Tensor) and w.data_ptr() not in self.packed:
-                p = packed_gemm.pack(w)
-                if p is None:
-                    return
-                self.packed[w.data_ptr()] = p
+    def packable_bf16_weights(self) -> list[torch.Tensor]:
+        """The linear weights that pack_bf16_weights() would pack (each once: a tied head is the
+        embedding): bf16 on a CPU whose torch bf16 GEMM is native, where oneDNN packs; none
+        otherwise."""
+        if not self.native_cpu_bf16 or not packed_gemm.packing_works():
+            return []
+        weights = {w.data_ptr(): w for w in [layer[n] for layer in self.layers for n in ("qkv", "o", "gate_up", "down")]
+                   + [self.lm_head] if isinstance(w, torch.Tensor)}
+        return list(weights.values())
+
+    def pack_bf16_weights(self) -> None:
+        """Packs the linear weights for torch's oneDNN GEMM (pyengine/layers/packed_gemm.py), which
+        then multiplies the batches past `bf16_kernel_max_rows` rows."""
+        for w in self.packable_bf16_weights():
+            p = packed_gemm.pack(w)
+            if p is None:
+                self.packed.clear()
+                return
+            self.packed[w.data_ptr()] = p
 
     @property
     def packed_weight_bytes(self) -> int:
@@ -121,8 +133,7 @@ class LlamaFamilyModel:
         return True
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 max_seq_len: int, device: torch.device | str = "cpu", *, exact_fp32: bool = False,
-                 pack_bf16_weights: bool = False):
+                 max_seq_len: int, device: torch.device | str = "cpu", *, exact_fp32: bool = False):
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
@@ -162,11 +173,10 @@ class LlamaFamilyModel:
         cpu_bf16 = dtype == torch.bfloat16 and weights_on_cpu(self.embed)
         self.emulate_bf16 = cpu_bf16 and not native_bf16_matmul()
         self.bf16_kernel_max_rows = bf16_kernel_max_rows() if cpu_bf16 else 0
-        # ... and torch's native bf16 GEMM for larger ones, on weights packed for it once
-        # (pyengine/layers/packed_gemm.py): weight data_ptr -> packed copy
+        # ... and torch's native bf16 GEMM for larger ones, on weights packed for it once where
+        # the engine asks (pack_bf16_weights(); pyengine/layers/packed_gemm.py): data_ptr -> packed
+        self.native_cpu_bf16 = cpu_bf16 and not self.emulate_bf16
         self.packed: dict[int, torch.Tensor] = {}
-        if cpu_bf16 and pack_bf16_weights and not self.emulate_bf16 and packed_gemm.packing_works():
-            self._pack_gemm_weights()
         # torch's fp32 GEMV streams the weights at a fraction of the memory bandwidth: small fp32
         # batches on the CPU take pyengine's linear_f32 (the same sums in another order), unless
         # exact_fp32 asks for torch's (and transformers') rounding.
