@@ -159,15 +159,9 @@ def copying_checkpoint(root: Path | str | None = None) -> Path:
     built by hand to copy its context (pyengine.testing.copying_model: an induction circuit
     in its first two layers, the other 28 read at every step but inert, an untied head;
     143 M parameters, 573 MB in fp32), built once into the checkpoint cache and reused."""
-    from pyengine.testing.checkpoints import default_cache_root
     from pyengine.testing.copying_model import build_copying_checkpoint
 
-    path = Path(root if root is not None else default_cache_root()) / COPYING_NAME
-    if not (path / "model.safetensors").is_file():
-        tmp = path.with_name(path.name + ".tmp")
-        build_copying_checkpoint(tmp)  # (renamed when complete: an interrupted build is redone)
-        tmp.rename(path)
-    return path
+    return cached_checkpoint(COPYING_NAME, root=root, builder=build_copying_checkpoint)
 
 
 # --------------------------------------------------------------------------------------

@@ -313,3 +313,23 @@ def test_cached_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setenv("PYENGINE_CHECKPOINT_CACHE", str(tmp_path / "env"))
     assert ck.default_cache_root() == tmp_path / "env"
+
+
+def test_cached_checkpoint_with_another_builder(tmp_path):
+    """A builder other than build_tiny_checkpoint is named in the stamp: its checkpoint is
+    reused by the same builder only, and a name built by another is rebuilt."""
+    built = []
+
+    def one_layer(path, **kw):
+        built.append(kw)
+        return ck.build_tiny_checkpoint(path, model_type="llama", num_layers=1, with_tokenizer=False, **kw)
+
+    kwargs = dict(model_type="llama", num_layers=2, with_tokenizer=False)
+    assert ck.cached_checkpoint("t", kwargs, root=tmp_path) == tmp_path / "t"
+    p = ck.cached_checkpoint("t", root=tmp_path, builder=one_layer)
+    assert len(built) == 1 and json.loads((p / "config.json").read_text())["num_hidden_layers"] == 1
+    stamp = json.loads((p / ck._STAMP).read_text())
+    assert stamp["builder"].endswith("test_cached_checkpoint_with_another_builder.<locals>.one_layer")
+    assert ck.cached_checkpoint("t", root=tmp_path, builder=one_layer) == p and len(built) == 1
+    assert ck.is_cached("t", root=tmp_path, builder=one_layer) and not ck.is_cached("t", root=tmp_path)
+    assert not ck.is_cached("t", kwargs, root=tmp_path)

@@ -54,7 +54,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -522,7 +522,7 @@ def default_cache_root() -> Path:
     return Path.home() / ".cache" / "pyengine" / "checkpoints"
 
 
-def _stamp_for(builder_kwargs: dict[str, Any]) -> dict[str, Any]:
+def _stamp_for(builder_kwargs: dict[str, Any], builder: Callable[..., Path] | None = None) -> dict[str, Any]:
     import tokenizers
     import transformers
 
@@ -540,13 +540,16 @@ def _stamp_for(builder_kwargs: dict[str, Any]) -> dict[str, Any]:
     kwargs = norm(dict(builder_kwargs))
     if "dtype" in builder_kwargs:
         kwargs["dtype"] = str(_to_dtype(builder_kwargs["dtype"]))
-    return {
+    stamp = {
         "builder_version": BUILDER_VERSION,
         "kwargs": kwargs,
         "torch": torch.__version__.split("+")[0],
         "transformers": transformers.__version__,
         "tokenizers": tokenizers.__version__,
     }
+    if builder is not None and builder is not build_tiny_checkpoint:  # (build_tiny_checkpoint's stamps name none)
+        stamp["builder"] = f"{builder.__module__}.{builder.__qualname__}"
+    return stamp
 
 
 def _read_stamp(d: Path) -> dict[str, Any] | None:
@@ -556,18 +559,22 @@ def _read_stamp(d: Path) -> dict[str, Any] | None:
         return None
 
 
-def is_cached(name: str, builder_kwargs: dict[str, Any] | None = None, root: Path | str | None = None) -> bool:
-    """True when ``cached_checkpoint(name, builder_kwargs, root)`` would reuse a built checkpoint."""
+def is_cached(name: str, builder_kwargs: dict[str, Any] | None = None, root: Path | str | None = None,
+              builder: Callable[..., Path] | None = None) -> bool:
+    """True when ``cached_checkpoint(name, builder_kwargs, root, builder)`` would reuse a built
+    checkpoint."""
     root = Path(root) if root is not None else default_cache_root()
-    return _read_stamp(root / name) == _stamp_for(dict(builder_kwargs or {}))
+    return _read_stamp(root / name) == _stamp_for(dict(builder_kwargs or {}), builder)
 
 
 def cached_checkpoint(
-    name: str, builder_kwargs: dict[str, Any] | None = None, root: Path | str | None = None
+    name: str, builder_kwargs: dict[str, Any] | None = None, root: Path | str | None = None,
+    builder: Callable[..., Path] | None = None,
 ) -> Path:
     """Return ``<root>/<name>`` (root: ``default_cache_root()``), building it with
-    ``build_tiny_checkpoint(**builder_kwargs)`` if it is missing or was built from other
-    arguments or library versions (recorded in a stamp file inside it).
+    ``builder(path, **builder_kwargs)`` (default ``build_tiny_checkpoint``) if it is missing or
+    was built by another builder, from other arguments or library versions (recorded in a
+    stamp file inside it).
 
     The checkpoint is built in a temporary directory beside it and renamed into place,
     so a half-written checkpoint is never reused; concurrent callers (e.g. test workers)
@@ -580,14 +587,14 @@ def cached_checkpoint(
         raise ValueError("builder_kwargs must not contain 'path'")
     root = Path(root) if root is not None else default_cache_root()
     final = root / name
-    stamp = _stamp_for(builder_kwargs)
+    stamp = _stamp_for(builder_kwargs, builder)
     if _read_stamp(final) == stamp:
         return final
 
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
     try:
-        build_tiny_checkpoint(tmp, **builder_kwargs)
+        (builder or build_tiny_checkpoint)(tmp, **builder_kwargs)
         # The stamp is written last: a directory with a valid stamp is complete.
         (tmp / _STAMP).write_text(json.dumps(stamp, indent=1, sort_keys=True))
         if final.exists():
