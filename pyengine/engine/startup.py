@@ -218,14 +218,14 @@ def _pack_bf16_weights(setting: bool | None, model: LlamaFamilyModel) -> None:
     if setting is False:
         return
     weights = model.packable_bf16_weights()
-    size = sum(w.nbytes for w in weights)
     if not weights:
         return
+    size = sum(w.nbytes for w in weights)
     if setting is None and size > PACKED_WEIGHTS_MAX_MEMORY_SHARE * host_memory.available_bytes():
         logger.info("pyengine: bf16 weights not packed for oneDNN: the copy (%.0f MB) would take more than a "
                     "quarter of the available memory (pack_bf16_weights=True packs anyway)", size / 1e6)
         return
-    model.pack_bf16_weights()
+    model.pack_bf16_weights(weights)
 
 
 def _load_draft_model(parts: EngineParts) -> LlamaFamilyModel:

@@ -92,7 +92,7 @@ class LlamaFamilyModel:
     LLAMA_LAYER = True
 
     def packable_bf16_weights(self) -> list[torch.Tensor]:
-        """The linear weights that pack_bf16_weights() would pack (each once: a tied head is the
+        """The linear weights that pack_bf16_weights() takes (each once: a tied head is the
         embedding): bf16 on a CPU whose torch bf16 GEMM is native, where oneDNN packs; none
         otherwise."""
         if not self.native_cpu_bf16 or not packed_gemm.packing_works():
@@ -101,10 +101,11 @@ class LlamaFamilyModel:
                    + [self.lm_head] if isinstance(w, torch.Tensor)}
         return list(weights.values())
 
-    def pack_bf16_weights(self) -> None:
-        """Packs the linear weights for torch's oneDNN GEMM (pyengine/layers/packed_gemm.py), which
-        then multiplies the batches past `bf16_kernel_max_rows` rows."""
-        for w in self.packable_bf16_weights():
+    def pack_bf16_weights(self, weights: list[torch.Tensor]) -> None:
+        """Packs `weights` (packable_bf16_weights()) for torch's oneDNN GEMM
+        (pyengine/layers/packed_gemm.py), which then multiplies the batches past
+        `bf16_kernel_max_rows` rows; all or none."""
+        for w in weights:
             p = packed_gemm.pack(w)
             if p is None:
                 self.packed.clear()
@@ -115,9 +116,9 @@ class LlamaFamilyModel:
     def packed_weight_bytes(self) -> int:
         """The bytes of the oneDNN-packed copies of the bf16 weights (0: none)."""
         # (an opaque oneDNN tensor has no storage to measure: it holds what the plain one does)
-        return sum(w.nbytes for layer in self.layers for w in layer.values()
-                   if isinstance(w, torch.Tensor) and w.data_ptr() in self.packed) + \
-            (self.lm_head.nbytes if self.lm_head.data_ptr() in self.packed else 0)
+        if not self.packed:
+            return 0
+        return sum(w.nbytes for w in self.packable_bf16_weights() if w.data_ptr() in self.packed)
 
     @property
     def decode_weight_bytes(self) -> int:
