@@ -84,6 +84,10 @@ def test_with_bf16_instructions_the_kernel_takes_decode_batches_only(checkpoint_
     engine = Engine(model_dir, dtype="bfloat16", max_seq_len=128,
                     kv_cache_config=KvCacheConfig(max_tokens=512),
                     scheduler_config=SchedulerConfig(max_batch_size=12, max_num_tokens=128))
+    # Start-up's own calls (packed_gemm.packing_works's 5-row probe, the KV estimation's and the
+    # step-cost calibration's dummy batches) are not the routing under test: record from here.
+    kernel_rows.clear()
+    torch_rows.clear()
     model = engine._runner.model
     max_rows = bf16_kernel_max_rows()  # 4 or 8, by whether this CPU has AMX
     assert max_rows in (NATIVE_BF16_KERNEL_MAX_ROWS, NATIVE_BF16_KERNEL_MAX_ROWS_AMX)
