@@ -1,7 +1,8 @@
-// The C API of the CPU kernels (pyengine/c_api.h) over pyengine/kernels.h and cpu_linear.h.
+// The C API of the CPU kernels (pyengine/c_api.h) over pyengine/kernels.h, cpu_linear.h and cpu_gemm.h.
 #include <string>
 
 #include "c_api/guard.h"
+#include "pyengine/cpu_gemm.h"
 #include "pyengine/cpu_isa.h"
 #include "pyengine/cpu_linear.h"
 #include "pyengine/kernels.h"
@@ -64,6 +65,22 @@ pe_status pe_linear_bf16(uint16_t* y, const uint16_t* x, const uint16_t* weight,
                          int32_t M, int32_t N, int32_t K, int32_t num_threads) {
   return guarded([&] {
     pyengine::kernels::linear_bf16(y, x, weight, bias, M, N, K, num_threads);
+    return ok();
+  });
+}
+
+pe_status pe_gemm_f32(float* y, const float* x, const float* weight, const float* bias, int32_t M, int32_t N,
+                      int32_t K, int32_t num_threads) {
+  return guarded([&] {
+    pyengine::kernels::gemm_f32(y, x, weight, bias, M, N, K, num_threads);
+    return ok();
+  });
+}
+
+pe_status pe_gemm_bf16(uint16_t* y, const uint16_t* x, const uint16_t* weight, const uint16_t* bias, int32_t M,
+                       int32_t N, int32_t K, int32_t num_threads) {
+  return guarded([&] {
+    pyengine::kernels::gemm_bf16(y, x, weight, bias, M, N, K, num_threads);
     return ok();
   });
 }

@@ -1,4 +1,5 @@
-# Cython bindings of the CPU linear kernels (csrc/include/pyengine/cpu_linear.h) and of the
+# Cython bindings of the CPU linear kernels (csrc/include/pyengine/cpu_linear.h), the CPU GEMM
+# (csrc/include/pyengine/cpu_gemm.h) and of the
 # run-time instruction-set level of every CPU kernel (csrc/include/pyengine/cpu_isa.h).
 # Included by _core.pyx. The torch-facing API (argument checks) is pyengine/layers/linear.py;
 # these wrappers take raw addresses (tensor.data_ptr()) and sizes.
@@ -14,6 +15,13 @@ cdef extern from "pyengine/cpu_linear.h" namespace "pyengine::kernels" nogil:
                      int32_t num_threads) except +
     void linear_f32(float* y, const float* x, const float* weight, const float* bias,
                     int32_t M, int32_t N, int32_t K, int32_t num_threads) except +
+
+cdef extern from "pyengine/cpu_gemm.h" namespace "pyengine::kernels" nogil:
+    void gemm_bf16(uint16_t* y, const uint16_t* x, const uint16_t* weight,
+                   const uint16_t* bias, int32_t M, int32_t N, int32_t K,
+                   int32_t num_threads) except +
+    void gemm_f32(float* y, const float* x, const float* weight, const float* bias,
+                  int32_t M, int32_t N, int32_t K, int32_t num_threads) except +
 
 cdef extern from "pyengine/cpu_isa.h" namespace "pyengine":
     cdef enum class CpuIsa(int32_t):
@@ -47,6 +55,22 @@ def _linear_f32(uintptr_t y, uintptr_t x, uintptr_t weight, uintptr_t bias, int3
     with nogil:
         linear_f32(<float*>y, <const float*>x, <const float*>weight, <const float*>bias,
                    M, N, K, num_threads)
+
+
+def _gemm_bf16(uintptr_t y, uintptr_t x, uintptr_t weight, uintptr_t bias, int32_t M,
+               int32_t N, int32_t K, int32_t num_threads):
+    """Raw gemm_bf16, as _linear_bf16 (any M >= 1)."""
+    with nogil:
+        gemm_bf16(<uint16_t*>y, <const uint16_t*>x, <const uint16_t*>weight,
+                  <const uint16_t*>bias, M, N, K, num_threads)
+
+
+def _gemm_f32(uintptr_t y, uintptr_t x, uintptr_t weight, uintptr_t bias, int32_t M,
+              int32_t N, int32_t K, int32_t num_threads):
+    """Raw gemm_f32, as _linear_bf16 (any M >= 1)."""
+    with nogil:
+        gemm_f32(<float*>y, <const float*>x, <const float*>weight, <const float*>bias,
+                 M, N, K, num_threads)
 
 
 def _cpu_isa() -> str:

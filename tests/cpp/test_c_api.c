@@ -311,6 +311,10 @@ static void test_kernels(void) {
   CHECK_OK(pe_linear_f32(y, x, w, b, 1, 3, 2, 1));
   CHECK(y[0] == 1.0f && y[1] == 2.0f && y[2] == 9.0f);
   CHECK_ERROR(pe_linear_f32(y, x, w, b, 0, 3, 2, 1), PE_ERR_INVALID_ARGUMENT, "M");
+  y[0] = y[1] = y[2] = 0.0f;
+  CHECK_OK(pe_gemm_f32(y, x, w, b, 1, 3, 2, 1));
+  CHECK(y[0] == 1.0f && y[1] == 2.0f && y[2] == 9.0f);
+  CHECK_ERROR(pe_gemm_f32(y, x, w, b, 1, 3, 0, 1), PE_ERR_INVALID_ARGUMENT, "K: must be > 0, got 0");
   CHECK_OK(pe_cpu_isa_name(&isa));
   CHECK(isa != NULL && (strcmp(isa, "generic") == 0 || strcmp(isa, "avx2") == 0 || strcmp(isa, "avx512") == 0 ||
                         strcmp(isa, "neon") == 0));

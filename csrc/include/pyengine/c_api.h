@@ -295,7 +295,7 @@ pe_status pe_kv_cache_stats_get(const pe_kv_cache* kv, pe_kv_cache_stats* out);
 pe_status pe_kv_cache_block_table(const pe_kv_cache* kv, int64_t id, int32_t* out, int32_t capacity,
                                   int32_t* num_blocks);
 
-/* ---- CPU kernels (pyengine/kernels.h, pyengine/cpu_linear.h): layouts and checks as there ---- */
+/* ---- CPU kernels (pyengine/kernels.h, cpu_linear.h, cpu_gemm.h): layouts and checks as there ---- */
 
 typedef enum pe_dtype { PE_FLOAT32 = 0, PE_BFLOAT16 = 1, PE_FLOAT16 = 2 } pe_dtype;
 
@@ -320,6 +320,12 @@ pe_status pe_linear_f32(float* y, const float* x, const float* weight, const flo
                         int32_t K, int32_t num_threads);
 pe_status pe_linear_bf16(uint16_t* y, const uint16_t* x, const uint16_t* weight, const uint16_t* bias,
                          int32_t M, int32_t N, int32_t K, int32_t num_threads);
+
+/* The same for any M >= 1 rows, compute-bound (kernels::gemm_f32 / gemm_bf16: prefill, large batches). */
+pe_status pe_gemm_f32(float* y, const float* x, const float* weight, const float* bias, int32_t M, int32_t N,
+                      int32_t K, int32_t num_threads);
+pe_status pe_gemm_bf16(uint16_t* y, const uint16_t* x, const uint16_t* weight, const uint16_t* bias, int32_t M,
+                       int32_t N, int32_t K, int32_t num_threads);
 
 /* The instruction-set level the kernels run at ("generic", "avx2", "avx512", "neon"; a static
  * string), in *out. PE_ERR_INVALID_ARGUMENT if PYENGINE_CPU_ISA names an unusable level. */
