@@ -2,6 +2,8 @@
 // passing the level's name, and restores the level that was active before.
 #pragma once
 
+#include <iostream>
+
 #include "pyengine/cpu_isa.h"
 
 template <typename F>
@@ -12,4 +14,13 @@ void at_every_level(F&& f) {
     f(pyengine::cpu_isa_name(level));
   }
   pyengine::set_cpu_isa(previous);
+}
+
+// at_every_level for a body that takes no argument, printing each level before running it.
+template <typename F>
+void at_every_level_logged(F&& body) {
+  at_every_level([&](const char* level) {
+    std::cout << "  level " << level << "\n";
+    body();
+  });
 }

@@ -167,14 +167,6 @@ void no_read_past_the_inputs_at_the_active_level() {
   munmap(mem, 4 * page);
 }
 
-template <typename F>
-void at_every_level_logged(F&& body) {
-  at_every_level([&](const char* level) {
-    std::cout << "  level " << level << "\n";
-    body();
-  });
-}
-
 }  // namespace
 
 TEST(integer_inputs_give_the_exact_result_at_every_edge_and_level) {

@@ -140,15 +140,6 @@ void no_read_past_the_weights_at_the_active_level() {
 
 }  // namespace
 
-// Prints the level before running the body at it.
-template <typename F>
-void at_every_level_logged(F&& body) {
-  at_every_level([&](const char* level) {
-    std::cout << "  level " << level << "\n";
-    body();
-  });
-}
-
 TEST(integer_inputs_give_the_rounded_exact_result_at_every_level) {
   at_every_level_logged([] { integer_inputs_at_the_active_level(); });
 }
