@@ -29,9 +29,10 @@ namespace pyengine::kernels::cpu::isa_avx512 {
 
 namespace {
 
-// Software prefetch (into L2) this far ahead of the weight reads. Measured on a 2-core
-// Xeon (Sapphire Rapids class): with it one core streams bf16 weights as fast as torch's
-// fp32 GEMV streams fp32 ones (~15 GB/s); the hardware prefetchers alone reach ~11.
+// Software prefetch this far ahead of the weight reads (into L2 for the tiles, into L1 for the
+// M == 1 loops). Measured on a 2-core Xeon (Sapphire Rapids class): with it one core streams
+// bf16 weights as fast as torch's fp32 GEMV streams fp32 ones (~15 GB/s); the hardware
+// prefetchers alone reach ~11.
 constexpr int64_t kPrefetchBytes = 4096;
 constexpr int32_t kPad = kLinearPad;
 
@@ -84,25 +85,68 @@ void tile_f32(const LinearArgs& a, const float* x, const float* w, float* out) {
     for (int r = 0; r < R; ++r) out[m * R + r] = _mm512_reduce_add_ps(acc[m][r]);
 }
 
-template <typename W>
-void rows_m1(const LinearArgs& a, int32_t n0, int32_t n1) {
+// fp32 weights, M == 1: one FMA per 16 columns into 4 independent accumulators, every weight
+// line prefetched into L1 kPrefetchBytes ahead. On a 2-core AMD EPYC (Zen 5) this streams
+// 1.3-1.45x as fast as the bf16 loop's shape below (two chained FMAs per 32 columns, a prefetch
+// every other line) did for fp32.
+void rows_m1_f32(const LinearArgs& a, int32_t n0, int32_t n1) {
   const int32_t K = a.K;
   const float* x = a.xf;
   for (int32_t n = n0; n < n1; ++n) {
-    const W* w = static_cast<const W*>(a.w) + static_cast<int64_t>(n) * K;
+    const float* w = static_cast<const float*>(a.w) + static_cast<int64_t>(n) * K;
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                      _mm512_setzero_ps()};
     int32_t k = 0;
-    for (; k + 4 * kPad <= K; k += 4 * kPad)
+    for (; k + 64 <= K; k += 64)
       for (int u = 0; u < 4; ++u) {
-        prefetch_l2(w + k + u * kPad + kPrefetchBytes / sizeof(W));
-        fma32(acc[u], x + k + u * kPad, w + k + u * kPad, ~0u);
+        _mm_prefetch(reinterpret_cast<const char*>(w + k + 16 * u) + kPrefetchBytes, _MM_HINT_T0);
+        acc[u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16 * u), _mm512_loadu_ps(w + k + 16 * u), acc[u]);
       }
-    for (int u = 0; k + kPad <= K; k += kPad, ++u) fma32(acc[u], x + k, w + k, ~0u);
-    if (k < K) fma32(acc[3], x + k, w + k, tail_mask(K - k));
+    for (int u = 0; k < K; k += 16, ++u) {  // at most 4 steps; x is zero-padded past K
+      const __mmask16 mask = K - k >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (K - k)) - 1u);
+      acc[u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), _mm512_maskz_loadu_ps(mask, w + k), acc[u]);
+    }
     const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
     linear_store(a, 0, n, _mm512_reduce_add_ps(sum));
   }
+}
+
+// bf16 weights, M == 1: each 64-byte load of 32 weights feeds two FMAs (even and odd
+// elements, see fma32) into accumulators of their own, 8 in all, so no FMA waits for another;
+// every weight line prefetched into L1 kPrefetchBytes ahead (5-10% faster than chaining the two
+// FMAs and prefetching into L2, on a Zen 5 EPYC).
+void rows_m1_bf16(const LinearArgs& a, int32_t n0, int32_t n1) {
+  const int32_t K = a.K;
+  const float* x = a.xf;
+  const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
+  for (int32_t n = n0; n < n1; ++n) {
+    const uint16_t* w = static_cast<const uint16_t*>(a.w) + static_cast<int64_t>(n) * K;
+    __m512 acc[8];
+    for (auto& v : acc) v = _mm512_setzero_ps();
+    int32_t k = 0;
+    for (; k + 4 * kPad <= K; k += 4 * kPad)
+      for (int u = 0; u < 4; ++u) {
+        const uint16_t* wu = w + k + u * kPad;
+        const float* xu = x + k + u * kPad;
+        _mm_prefetch(reinterpret_cast<const char*>(wu) + kPrefetchBytes, _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512(wu);
+        acc[2 * u] = _mm512_fmadd_ps(_mm512_loadu_ps(xu), _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), acc[2 * u]);
+        acc[2 * u + 1] = _mm512_fmadd_ps(_mm512_loadu_ps(xu + 16), _mm512_castsi512_ps(_mm512_and_si512(v, high)),
+                                         acc[2 * u + 1]);
+      }
+    for (int u = 0; k < K; k += kPad, ++u) fma32(acc[2 * u], x + k, w + k, K - k >= kPad ? ~0u : tail_mask(K - k));
+    __m512 sum = acc[0];
+    for (int i = 1; i < 8; ++i) sum = _mm512_add_ps(sum, acc[i]);
+    linear_store(a, 0, n, _mm512_reduce_add_ps(sum));
+  }
+}
+
+template <typename W>
+void rows_m1(const LinearArgs& a, int32_t n0, int32_t n1) {
+  if constexpr (std::is_same_v<W, float>)
+    rows_m1_f32(a, n0, n1);
+  else
+    rows_m1_bf16(a, n0, n1);
 }
 
 // Dot products of MB rows of x with R consecutive weight rows, 32 columns at a time, prefetching
