@@ -16,8 +16,8 @@ batches): compute-bound, x packed in panels and each weight element broadcast ag
 (``csrc/kernels/cpu/gemm*.cpp``); every output one fp32 sum over k in order, so a row's result
 does not depend on the rows batched with it. At the avx2 and avx512 levels ``dense`` takes them
 for fp32 batches past ``FAST_FP32_MAX_ROWS`` rows and emulated-bf16 ones past the kernel's rows:
-measured on a 2-core AMD EPYC (Zen 5) they multiply 2.1-3.4x (avx512) and 1.1-1.6x (avx2) faster
-than torch's sgemm from 17 to 2048 rows; at the portable level torch's GEMM is faster and stays.
+measured on a 2-core AMD EPYC (Zen 5) they multiply 1.9-5.0x (avx512) and 1.15-1.9x (avx2) faster
+than torch's sgemm from 17 to 2048 rows (bench/gemm.py); at the portable level torch's GEMM is faster and stays.
 """
 
 from __future__ import annotations
