@@ -22,7 +22,7 @@ REPO=$PWD
 BUILD_DIR="$(realpath -m "${1:-build/sanitize}")"
 PYTHON="${PYTHON:-python}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${JOBS:-2}"
-read -r -a ASAN_TESTS <<< "${ASAN_TESTS:-tests/test_core_buffers.py tests/test_quant_kernels.py tests/test_kernels.py tests/test_attention_softcap.py tests/test_cpu_fused.py tests/test_cpu_linear.py tests/test_engine_api.py tests/test_quant_engine.py tests/test_atomic_step.py tests/test_prefix_reuse.py tests/test_overlap.py tests/test_soak.py}"
+read -r -a ASAN_TESTS <<< "${ASAN_TESTS:-tests/test_core_buffers.py tests/test_quant_kernels.py tests/test_kernels.py tests/test_attention_softcap.py tests/test_cpu_fused.py tests/test_cpu_linear.py tests/test_cpu_gemm.py tests/test_engine_api.py tests/test_quant_engine.py tests/test_atomic_step.py tests/test_prefix_reuse.py tests/test_overlap.py tests/test_soak.py}"
 read -r -a TSAN_TESTS <<< "${TSAN_TESTS:-tests/test_overlap.py tests/test_overlap_regressions.py tests/test_engine_threads.py tests/test_step_faults.py::test_ctrl_c_while_the_worker_is_still_in_the_forward}"
 TSAN_CTESTS="${TSAN_CTESTS:-^test_cuda_smem_opt_in\$}"
 
