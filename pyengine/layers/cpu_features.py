@@ -122,5 +122,3 @@ def set_cpu_isa(level: str) -> None:
         raise ValueError(f"unknown CPU instruction-set level {level!r} (known: {', '.join(CPU_ISA_LEVELS)}; "
                          f"this CPU has {', '.join(_core._supported_cpu_isas())})")
     _core._set_cpu_isa(level)
-    from pyengine.layers import linear  # (imports this module)
-    linear._level_changed()

@@ -39,22 +39,13 @@ _KERNELS = {torch.bfloat16: _core._linear_bf16, torch.float32: _core._linear_f32
 _GEMMS = {torch.bfloat16: _core._gemm_bf16, torch.float32: _core._gemm_f32}
 # The levels whose GEMM build dense() routes to (faster than torch's there; measured only on x86).
 _GEMM_LEVELS = ("avx2", "avx512")
-_gemm_routed: bool | None = None
 
 
 def cpu_gemm_routed() -> bool:
     """Whether ``dense`` sends fp32 (and emulated-bf16) batches past the small-batch kernels'
-    rows to pyengine's GEMM: at the avx2 and avx512 levels. Follows set_cpu_isa()."""
-    global _gemm_routed
-    if _gemm_routed is None:
-        _gemm_routed = _core._cpu_isa() in _GEMM_LEVELS
-    return _gemm_routed
-
-
-def _level_changed() -> None:
-    """Called by set_cpu_isa(): the routing is decided again at the next call."""
-    global _gemm_routed
-    _gemm_routed = None
+    rows to pyengine's GEMM: at the avx2 and avx512 levels (the active one, read each call:
+    ~40 ns, so set_cpu_isa() takes effect at once)."""
+    return _core._cpu_isa() in _GEMM_LEVELS
 
 
 def _check(t: torch.Tensor, name: str, dtype: torch.dtype) -> None:
