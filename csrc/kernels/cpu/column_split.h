@@ -8,6 +8,16 @@
 
 namespace pyengine::kernels::cpu {
 
+// The groups [begin, end) of `groups` in order that thread t of a team of T takes (the same
+// share for every t in 0..T-1 whatever else the thread does).
+struct GroupRange {
+  int32_t begin, end;
+};
+static inline GroupRange thread_groups(int32_t groups, int t, int T) {
+  return {static_cast<int32_t>(static_cast<int64_t>(groups) * t / T),
+          static_cast<int32_t>(static_cast<int64_t>(groups) * (t + 1) / T)};
+}
+
 // Calls rows(n0, n1) over [0, N) on `nt` threads (1: on the calling thread): contiguous ranges,
 // each a multiple of `grain` columns (the last takes the rest), so that each thread streams its
 // own part of the weights in order.
@@ -21,11 +31,8 @@ void split_columns(int32_t N, int nt, int32_t grain, Rows&& rows) {
   const int32_t groups = (N + grain - 1) / grain;
 PYENGINE_OMP(parallel num_threads(nt))
   {
-    const int t = cpu::thread_id();
-    const int T_ = cpu::team_size();
-    const int32_t g0 = static_cast<int32_t>(static_cast<int64_t>(groups) * t / T_);
-    const int32_t g1 = static_cast<int32_t>(static_cast<int64_t>(groups) * (t + 1) / T_);
-    rows(g0 * grain, std::min(N, g1 * grain));
+    const GroupRange g = thread_groups(groups, cpu::thread_id(), cpu::team_size());
+    rows(g.begin * grain, std::min(N, g.end * grain));
   }
 }
 

@@ -5,12 +5,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
+#include "column_split.h"
 #include "gemm_common.h"
 #include "isa_target.h"
+#include "linear_checks.h"
 #include "pyengine/cpu_gemm.h"
 
 namespace pyengine::kernels {
@@ -49,17 +49,10 @@ LevelFns level_fns() {
 // Below this many multiply-adds a call runs on one thread (a fork/join costs more).
 constexpr int64_t kMinParallelMacs = 1 << 18;
 
-void fail(const std::string& msg) { throw std::invalid_argument(msg); }
-
 template <typename T>
 void gemm(T* y, const T* x, const T* weight, const T* bias, int32_t M, int32_t N, int32_t K,
           int32_t num_threads) {
-  if (y == nullptr) fail("y: must not be null");
-  if (x == nullptr) fail("x: must not be null");
-  if (weight == nullptr) fail("weight: must not be null");
-  if (M < 1) fail("M: must be > 0, got " + std::to_string(M));
-  if (N < 1) fail("N: must be > 0, got " + std::to_string(N));
-  if (K < 1) fail("K: must be > 0, got " + std::to_string(K));
+  cpu::check_linear_args(y, x, weight, M, 0, N, K);
   const LevelFns fns = level_fns();
   const int32_t P = fns.panel_rows();
   const int32_t grain = fns.column_grain();
@@ -89,9 +82,8 @@ PYENGINE_OMP(parallel num_threads(nt))
     const int T_ = cpu::team_size();
     for (int32_t p = t; p < panels; p += T_) fns.pack(a, p);
 PYENGINE_OMP(barrier)
-    const int32_t g0 = static_cast<int32_t>(static_cast<int64_t>(groups) * t / T_);
-    const int32_t g1 = static_cast<int32_t>(static_cast<int64_t>(groups) * (t + 1) / T_);
-    if (g0 < g1) fns.columns(a, g0 * grain, std::min(N, g1 * grain), wide_all + t * wide_per_thread);
+    const cpu::GroupRange g = cpu::thread_groups(groups, t, T_);
+    if (g.begin < g.end) fns.columns(a, g.begin * grain, std::min(N, g.end * grain), wide_all + t * wide_per_thread);
   }
 }
 

@@ -6,12 +6,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "column_split.h"
 #include "isa_target.h"
+#include "linear_checks.h"
 #include "linear_common.h"
 #include "pyengine/cpu_linear.h"
 
@@ -26,18 +25,6 @@ using RowsFn = void (*)(const LinearArgs&, int32_t, int32_t);
 constexpr int64_t kMinParallelElems = 1 << 15;
 // Output columns handed to a thread are a multiple of this (the weight-row tile).
 constexpr int32_t kColumnGrain = 4;
-
-void fail(const std::string& msg) { throw std::invalid_argument(msg); }
-
-void check(const void* y, const void* x, const void* weight, int32_t M, int32_t N, int32_t K) {
-  if (y == nullptr) fail("y: must not be null");
-  if (x == nullptr) fail("x: must not be null");
-  if (weight == nullptr) fail("weight: must not be null");
-  if (M < 1 || M > kLinearMaxRows)
-    fail("M: must be in 1.." + std::to_string(kLinearMaxRows) + ", got " + std::to_string(M));
-  if (N < 1) fail("N: must be > 0, got " + std::to_string(N));
-  if (K < 1) fail("K: must be > 0, got " + std::to_string(K));
-}
 
 // The active level's compute code (cpu_isa() throws here, before any thread starts, if
 // PYENGINE_CPU_ISA is invalid).
@@ -84,7 +71,7 @@ void prepare_x(std::vector<float>& xf, const X* x, int32_t M, int32_t K, int64_t
 template <typename T>
 void linear(T* y, const T* x, const T* weight, const T* bias, int32_t M, int32_t N, int32_t K,
             int32_t num_threads) {
-  check(y, x, weight, M, N, K);
+  cpu::check_linear_args(y, x, weight, M, kLinearMaxRows, N, K);
   constexpr bool bf16 = sizeof(T) == 2;
   RowsFn rows;
   int32_t group;

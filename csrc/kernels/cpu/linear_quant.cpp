@@ -73,9 +73,8 @@ void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M,
   if (M >= 16) {
 PYENGINE_OMP(parallel num_threads(nt_max))
     {
-      const int t = cpu::thread_id(), T = cpu::team_size();
-      PYENGINE_ISA_CALL(quantize_activations, x, ldx, static_cast<int32_t>(static_cast<int64_t>(M) * t / T),
-                        static_cast<int32_t>(static_cast<int64_t>(M) * (t + 1) / T), K, act, xqp, xrow);
+      const cpu::GroupRange rows = cpu::thread_groups(M, cpu::thread_id(), cpu::team_size());
+      PYENGINE_ISA_CALL(quantize_activations, x, ldx, rows.begin, rows.end, K, act, xqp, xrow);
     }
   } else {
     PYENGINE_ISA_CALL(quantize_activations, x, ldx, 0, M, K, act, xqp, xrow);
