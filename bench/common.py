@@ -134,6 +134,20 @@ def machine_info() -> dict[str, Any]:
 # --------------------------------------------------------------------------------------
 
 
+def layer_linear_shapes(hidden: int, intermediate: int, heads: int, kv_heads: int,
+                        head_dim: int | None = None) -> dict[str, tuple[int, int]]:
+    """The (N, K) weight shapes of a decoder layer's linears: qkv (fused), o, gate_up (fused),
+    down; head_dim defaults to hidden / heads."""
+    d = head_dim or hidden // heads
+    return {"qkv": ((heads + 2 * kv_heads) * d, hidden), "o": (hidden, heads * d),
+            "gate_up": (2 * intermediate, hidden), "down": (hidden, intermediate)}
+
+
+#: smollm-135m-shape's layer linears: name -> (N, K)
+SMOLLM_LAYER_SHAPES = layer_linear_shapes(SMOLLM_135M_SHAPE["hidden_size"], SMOLLM_135M_SHAPE["intermediate_size"],
+                                          SMOLLM_135M_SHAPE["num_heads"], SMOLLM_135M_SHAPE["num_kv_heads"])
+
+
 def smollm_checkpoint(root: Path | str | None = None) -> Path:
     """The ``smollm-135m-shape`` checkpoint (fp32 weights, 498 MB), built once into the
     checkpoint cache (``root``, else ``$PYENGINE_CHECKPOINT_CACHE``, else

@@ -22,15 +22,9 @@ if __package__ in (None, ""):
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.common import BENCH_THREADS, machine_info, set_threads  # noqa: E402
+from bench.common import BENCH_THREADS, SMOLLM_LAYER_SHAPES, machine_info, set_threads  # noqa: E402
 
-# smollm-135m-shape: hidden 576, intermediate 1536, 9 query heads + 2 x 3 KV heads of 64.
-SHAPES: dict[str, tuple[int, int]] = {  # name -> (N, K)
-    "qkv": (960, 576),
-    "o": (576, 576),
-    "gate_up": (3072, 576),
-    "down": (576, 1536),
-}
+SHAPES = SMOLLM_LAYER_SHAPES  # name -> (N, K)
 
 
 def best_time(fn: Callable[[], object], flops: float) -> float:

@@ -24,17 +24,10 @@ if __package__ in (None, ""):
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.common import BENCH_THREADS, dram_read_bandwidth, machine_info, set_threads  # noqa: E402
+from bench.common import BENCH_THREADS, dram_read_bandwidth, SMOLLM_LAYER_SHAPES, machine_info, set_threads  # noqa: E402
 
-# smollm-135m-shape: hidden 576, intermediate 1536, 9 query heads + 2 x 3 KV heads of 64.
-HIDDEN, INTER, VOCAB, HEAD_DIM, HEADS, KV_HEADS = 576, 1536, 32000, 64, 9, 3
-SHAPES: dict[str, tuple[int, int]] = {  # name -> (N, K)
-    "qkv": ((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN),
-    "o": (HIDDEN, HEADS * HEAD_DIM),
-    "gate_up": (2 * INTER, HIDDEN),
-    "down": (HIDDEN, INTER),
-    "lm_head": (VOCAB, HIDDEN),
-}
+# smollm-135m-shape's layers, and an lm_head of 32,000 rows: name -> (N, K)
+SHAPES: dict[str, tuple[int, int]] = {**SMOLLM_LAYER_SHAPES, "lm_head": (32000, SMOLLM_LAYER_SHAPES["o"][0])}
 # Bytes of weight copies cycled per shape (far beyond L2; the L3 is shared and may be larger).
 CYCLE_BYTES = 768 * 2**20
 

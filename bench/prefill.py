@@ -16,18 +16,17 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
-from bench.common import (BENCH_THREADS, DTYPES, machine_info, median, pyengine_bench_args,  # noqa: E402
-                          set_threads, smollm_checkpoint)
+from bench.common import (BENCH_THREADS, DTYPES, layer_linear_shapes, machine_info, median,  # noqa: E402
+                          pyengine_bench_args, set_threads, smollm_checkpoint)
 
 TOKENS = 2047  # + 1 generated token = max_position_embeddings
 
 
 def matmul_only_seconds(cfg: dict, dtype: torch.dtype, tokens: int, runs: int) -> tuple[float, float]:
     """Seconds for the prefill's matrix multiplies alone (all layers + one lm_head row), and their GFLOP."""
-    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    d = h // heads
-    shapes = [(tokens, h, (heads + 2 * kv_heads) * d), (tokens, heads * d, h), (tokens, h, 2 * i), (tokens, i, h)]
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    linears = layer_linear_shapes(h, cfg["intermediate_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"])
+    shapes = [(tokens, k, n) for n, k in linears.values()]
     mats = [(torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)) for m, k, n in shapes]
     head = (torch.randn(1, h, dtype=dtype), torch.randn(h, v, dtype=dtype))
     flops = cfg["num_hidden_layers"] * sum(2 * m * k * n for m, k, n in shapes) + 2 * h * v
