@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from logprob_compare import assert_logprobs_close
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig, StartupError
 
 SYSTEM = [random.Random(7).randrange(3, 512) for _ in range(70)]
@@ -121,8 +122,7 @@ def test_prompt_logprobs_are_complete_when_the_prefix_is_cached(llama_dir):
     cold = make_engine(llama_dir, reuse=False).generate([prompt], wanted, use_tqdm=False)[0]
     assert out.metrics.num_reused_tokens == 0
     assert len(out.prompt_logprobs) == len(prompt)
-    rounded = [[None if d is None else {t: round(v, 4) for t, v in d.items()} for d in o.prompt_logprobs]
-               for o in (out, cold)]
-    assert rounded[0] == rounded[1] and out.token_ids == cold.token_ids
+    assert_logprobs_close(out.prompt_logprobs, cold.prompt_logprobs)
+    assert out.token_ids == cold.token_ids
     later = engine.generate([prompt + [5]], PARAMS, use_tqdm=False)[0]
     assert later.metrics.num_reused_tokens == 32
