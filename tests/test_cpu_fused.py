@@ -85,6 +85,23 @@ def test_silu_mul_within_an_ulp_or_two(dtype, cpu_isa):
     assert ulps(ew.silu_mul(gate_up), F.silu(gate) * up) <= SILU_ULPS[dtype]
 
 
+# Gates at both ends of exp's range: e^-g overflows to inf (g < ~-88.7), underflows through the
+# denormals to 0 (g > ~87.3), and inf, NaN and signed zeros.
+SILU_EDGES = [-1e30, -120.0, -104.0, -95.0, -89.0, -88.7, -88.5, -87.0, -80.0, -1e-30, -0.0, 0.0, 1e-30, 80.0,
+              87.0, 87.5, 88.5, 89.0, 95.0, 103.0, 104.0, 120.0, 1e30, float("inf"), float("-inf"), float("nan")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_at_the_ends_of_exp_range(dtype, cpu_isa):
+    gate = torch.tensor(SILU_EDGES, dtype=torch.float32).to(dtype)
+    up = torch.full_like(gate, 1.5)
+    got = ew.silu_mul(torch.cat([gate, up]).reshape(1, -1))[0]
+    want = F.silu(gate) * up
+    assert torch.equal(got.isnan(), want.isnan()), (got, want)
+    finite = ~want.isnan()
+    assert ulps(got[finite], want[finite]) <= SILU_ULPS[dtype], (gate, got, want)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_level_rounds_the_same(dtype):
     """The elementwise kernels are compiled without fused multiply-adds, so every instruction-set
