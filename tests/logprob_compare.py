@@ -38,6 +38,6 @@ def assert_same_finals(a: dict[Any, tuple], b: dict[Any, tuple]) -> None:
         if not isinstance(a[k], tuple):
             assert a[k] == b[k], (k, a[k], b[k])
             continue
-        assert a[k][:3] == b[k][:3], (k, a[k][:3], b[k][:3])
+        assert len(a[k]) == len(b[k]) and a[k][:3] == b[k][:3], (k, a[k][:3], b[k][:3])
         for lp_a, lp_b in zip(a[k][3:], b[k][3:]):
             assert_logprobs_close(lp_a, lp_b)

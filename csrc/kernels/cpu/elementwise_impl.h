@@ -109,16 +109,17 @@ PYENGINE_OMP(parallel for num_threads(threads_for(a.tokens, a.num_threads)) sche
 // inf, as for every x past ~88.72; e^-104 is 0), on integers: floats clamped by float selects
 // are compiled into a branch, which stops the loop from vectorizing. A NaN x is clamped too
 // (to one end): callers pass its NaN on through their other operands.
-inline int32_t float_order(float x) {  // monotone in x (its own inverse, read back as bits)
-  const auto b = static_cast<int32_t>(f32_bits(x));
-  return b ^ ((b >> 31) & 0x7fffffff);
-}
+// A float's bits as an integer that orders as the floats do (negative floats' magnitude bits
+// flipped); the same flip turns it back.
+inline int32_t order_flip(int32_t b) { return b ^ ((b >> 31) & 0x7fffffff); }
+inline int32_t float_order(float x) { return order_flip(static_cast<int32_t>(f32_bits(x))); }
+inline float order_float(int32_t m) { return bits_f32(static_cast<uint32_t>(order_flip(m))); }
 inline float exp_f(float x) {
   const int32_t lo = float_order(-104.0f), hi = float_order(89.0f);
   int32_t m = float_order(x);
   m = m < lo ? lo : m;
   m = m > hi ? hi : m;
-  x = bits_f32(static_cast<uint32_t>(m ^ ((m >> 31) & 0x7fffffff)));
+  x = order_float(m);
   const float shifter = 12582912.0f;  // 1.5 * 2^23
   const float nf = x * 1.44269504088896341f + shifter;
   const int32_t n = static_cast<int32_t>(f32_bits(nf) - f32_bits(shifter));  // round(x / ln2), in [-150, 128]
