@@ -41,6 +41,33 @@ def cpu_isa(request):
         set_cpu_isa(previous)
 
 
+# The quantized kernels' builds: every level, and the x86 levels again with their VNNI.
+QUANT_KERNEL_BUILDS = ISA_LEVELS + tuple(f"{lvl}+vnni" for lvl in ISA_LEVELS if _core._cpu_vnni_flag(lvl))
+
+
+@pytest.fixture(params=QUANT_KERNEL_BUILDS)
+def quant_cpu_isa(request):
+    """As cpu_isa, for the quantized kernels: each level without VNNI, then "<level>+vnni" with
+    it, skipped (saying so) where the CPU lacks the level or its VNNI."""
+    level, _, vnni = request.param.partition("+")
+    supported = _core._supported_cpu_isas()
+    if level not in supported:
+        _isa_levels_missing.add(level)
+        pytest.skip(f"CPU level {level} is not available on this CPU (it has {', '.join(supported)})")
+    flag = _core._cpu_vnni_flag(level)
+    if vnni and flag not in _core._cpu_feature_flags():
+        _isa_levels_missing.add(request.param)
+        pytest.skip(f"{request.param}: this CPU lacks {flag}")
+    previous, previous_vnni = _core._cpu_isa(), _core._set_cpu_vnni(bool(vnni))
+    set_cpu_isa(level)
+    _isa_levels_ran[request.param] = _isa_levels_ran.get(request.param, 0) + 1
+    try:
+        yield request.param
+    finally:
+        set_cpu_isa(previous)
+        _core._set_cpu_vnni(previous_vnni)
+
+
 def pytest_report_header(config):
     return f"pyengine CPU: {cpu_info()}"
 

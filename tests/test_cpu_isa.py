@@ -15,10 +15,12 @@ from pyengine import cpu_info
 from pyengine.layers.cpu_features import CPU_ISA_LEVELS, set_cpu_isa
 
 
-def run_python(code: str, env_isa: str | None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PYENGINE_CPU_ISA"}
+def run_python(code: str, env_isa: str | None, env_vnni: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYENGINE_CPU_ISA", "PYENGINE_CPU_VNNI")}
     if env_isa is not None:
         env["PYENGINE_CPU_ISA"] = env_isa
+    if env_vnni is not None:
+        env["PYENGINE_CPU_VNNI"] = env_vnni
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -59,6 +61,42 @@ def test_a_bad_value_fails_engine_start_up_naming_the_levels(llama_dir, value):
     assert f"this CPU has {', '.join(supported)}" in done.stdout
 
 
+def test_vnni_is_used_where_the_level_and_the_cpu_have_it():
+    code = ("import pyengine, pyengine.core._core as c\n"
+            "for lvl in c._supported_cpu_isas():\n"
+            "    c._set_cpu_isa(lvl); print(lvl, pyengine.cpu_info().vnni or '-')\n")
+    flags = set(_core._cpu_feature_flags())
+    expected = {"generic": "-", "avx2": "avx_vnni" if "avx_vnni" in flags else "-",
+                "avx512": "avx512_vnni" if "avx512_vnni" in flags else "-", "neon": "-"}
+    for env, want in ((None, expected), ("1", expected), ("0", dict.fromkeys(expected, "-"))):
+        done = run_python(code, None, env)
+        assert done.returncode == 0, done.stderr
+        got = dict(line.split() for line in done.stdout.splitlines())
+        assert got == {lvl: want[lvl] for lvl in got}, (env, got)
+        assert list(got) == _core._supported_cpu_isas()
+
+
+def test_set_cpu_vnni_returns_the_previous_setting():
+    from pyengine.layers.cpu_features import set_cpu_vnni
+    previous = set_cpu_vnni(False)
+    try:
+        assert cpu_info().vnni == "" and not _core._cpu_vnni()
+        assert set_cpu_vnni(True) is False
+        assert bool(cpu_info().vnni) == (_core._cpu_vnni_flag(_core._cpu_isa()) in _core._cpu_feature_flags())
+    finally:
+        set_cpu_vnni(previous)
+
+
+def test_a_bad_vnni_value_fails_engine_start_up(llama_dir):
+    code = (f"from pyengine import Engine, StartupError\n"
+            f"try:\n    Engine({str(llama_dir)!r})\n"
+            f"except StartupError as e:\n    print('phase', e.phase, '|', e)\n")
+    done = run_python(code, None, "yes")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("phase config |"), done.stdout
+    assert "PYENGINE_CPU_VNNI=yes: must be 0 (off) or 1 (on where the CPU has it)" in done.stdout
+
+
 def test_the_cli_reports_a_bad_value_in_one_line(llama_dir):
     env = {k: v for k, v in os.environ.items() if k != "PYENGINE_CPU_ISA"}
     done = subprocess.run([sys.executable, "-m", "pyengine", "generate", "--model", str(llama_dir), "--prompt", "hi"],
@@ -87,7 +125,7 @@ def test_core_reports_the_cpu_features_and_model_as_proc_cpuinfo_does():
         lines = [line.split(":", 1) for line in f if ":" in line]
     info = {k.strip(): v.strip() for k, v in reversed(lines)}  # the first CPU's values
     known = ["sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
-             "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"]
+             "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16"]
     assert flags == [f for f in known if f in info["flags"].split()]
     assert _core._cpu_model_name() == info["model name"]
 

@@ -60,7 +60,7 @@ def check_greedy_against_reference(engine: Engine, model_dir) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])
-def test_quantized_greedy_matches_transformers_with_the_same_quantization(fmt, llama_q_dir, cpu_isa):
+def test_quantized_greedy_matches_transformers_with_the_same_quantization(fmt, llama_q_dir, quant_cpu_isa):
     engine = Engine(llama_q_dir, quantization=fmt, kv_cache_config=FP32_KV)
     check_greedy_against_reference(engine, llama_q_dir)
 

@@ -157,7 +157,7 @@ def check_linear(q: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None 
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_linear_matches_fp64_reference_at_every_row_count(fmt, cpu_isa):
+def test_linear_matches_fp64_reference_at_every_row_count(fmt, quant_cpu_isa):
     n, k = 37, 768  # 37: not a multiple of any tile
     q = QuantizedWeight.quantize(weights(n, k, seed=4), fmt)
     g = torch.Generator().manual_seed(5)
@@ -171,7 +171,7 @@ def test_linear_matches_fp64_reference_at_every_row_count(fmt, cpu_isa):
 
 
 @pytest.mark.parametrize("fmt", X8)
-def test_interleaved_linear_matches_fp64_reference_at_every_row_count(fmt, cpu_isa):
+def test_interleaved_linear_matches_fp64_reference_at_every_row_count(fmt, quant_cpu_isa):
     """The interleaved layouts (8 rows side by side), every row count of x up to the tile (4) and
     past it, 5 groups of rows (one thread's share is not a whole number of tiles)."""
     n, k = 40, 768
@@ -190,7 +190,7 @@ def test_interleaved_linear_matches_fp64_reference_at_every_row_count(fmt, cpu_i
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
-def test_linear_small_outputs_and_bias(fmt, n, cpu_isa):
+def test_linear_small_outputs_and_bias(fmt, n, quant_cpu_isa):
     k = 512
     q = QuantizedWeight.quantize(weights(n, k, seed=6), fmt)
     g = torch.Generator().manual_seed(7)
@@ -198,7 +198,7 @@ def test_linear_small_outputs_and_bias(fmt, n, cpu_isa):
     check_linear(q, torch.randn(1, k, generator=g), torch.randn(n, generator=g))
 
 
-def test_linear_mixed_formats_write_their_column_ranges(cpu_isa):
+def test_linear_mixed_formats_write_their_column_ranges(quant_cpu_isa):
     """Row groups of different formats (as a GGUF file's q, k in Q4_K and v in Q6_K) each fill
     their own columns of one output."""
     k = 512
@@ -248,7 +248,7 @@ def test_q4_0x8_byte_layout():
                     assert x8[b, 16 + 32 * c + 4 * j + t] == levels[j, b, 8 * c + t] | (levels[j, b, 8 * c + 4 + t] << 4)
 
 
-def test_only_whole_groups_of_8_rows_interleave(cpu_isa):
+def test_only_whole_groups_of_8_rows_interleave(quant_cpu_isa):
     """A row group that is not a multiple of 8 rows, or of a format without an interleaved layout,
     stays as it is; a fused weight of several groups keeps each group's columns."""
     k = 512

@@ -31,7 +31,8 @@ def test_report_lists_every_phase(llama_dir):
     cap = report["kv_capacity"]
     assert cap["source"] == "estimated" and cap["rss_peak"] >= cap["rss_before"] > 0
     info = cpu_info()
-    assert report["cpu_kernels"] == {"isa": info.isa, "reason": info.reason, "supported": list(info.supported)}
+    assert report["cpu_kernels"] == {"isa": info.isa, "reason": info.reason, "supported": list(info.supported),
+                                     "vnni": info.vnni}
     assert report["cpu_one_call_decode_max_rows"] == 16  # fp32: linear_f32 up to FAST_FP32_MAX_ROWS rows
 
 

@@ -32,6 +32,9 @@ cdef extern from "pyengine/cpu_isa.h" namespace "pyengine":
     CpuIsa cpu_isa() except +
     string cpu_isa_reason()
     void set_cpu_isa(CpuIsa isa) except +
+    const char* cpu_vnni_flag(CpuIsa isa)
+    bint cpu_vnni() except +
+    bint set_cpu_vnni(bint enabled)
     # (const references in C++: declared by value, so Cython copies them)
     vector[string] cpu_feature_flags()
     string cpu_model_name()
@@ -99,6 +102,23 @@ def _cpu_model_name() -> str:
     """The CPU's model name as /proc/cpuinfo shows it (x86-64: the cpuid brand string); "" where
     the CPU does not say (aarch64)."""
     return cpu_model_name().decode()
+
+
+def _cpu_vnni() -> bool:
+    """Whether the quantized kernels use VNNI now (the active level has it, the CPU has it, and
+    neither PYENGINE_CPU_VNNI=0 nor _set_cpu_vnni(False) turned it off)."""
+    return cpu_vnni()
+
+
+def _cpu_vnni_flag(str name) -> str:
+    """The feature flag of level `name`'s VNNI ("avx_vnni", "avx512_vnni"), or ""."""
+    return cpu_vnni_flag(parse_cpu_isa(name.encode())).decode()
+
+
+def _set_cpu_vnni(bint enabled) -> bool:
+    """Turns VNNI off, or back on where the level and the CPU have it; returns the previous
+    setting."""
+    return set_cpu_vnni(enabled)
 
 
 def _set_cpu_isa(str name):

@@ -87,7 +87,8 @@ class Engine:
 
     The CPU kernels run at the highest instruction-set level the CPU supports (see
     `pyengine.cpu_info()`); the PYENGINE_CPU_ISA environment variable ("generic", "avx2",
-    "avx512", "neon") forces a lower one.
+    "avx512", "neon") forces a lower one, and PYENGINE_CPU_VNNI=0 keeps the quantized kernels
+    off VNNI (same results, for measuring).
 
     One thread drives an engine: a call from a second thread while another thread is inside
     the engine (a step, a stream() iterator's step, add_request, ...) raises RuntimeError.
@@ -368,7 +369,8 @@ class Engine:
         return {"phases": [{"name": n, "seconds": t} for n, t in p.phases], "kv_capacity": p.capacity.as_dict(),
                 "num_seq_slots": self.config.num_seq_slots, "max_seq_len": self.max_seq_len,
                 "device": str(self.device), "cuda_graph_batch_sizes": list(p.graph_sizes),
-                "cpu_kernels": {"isa": info.isa, "reason": info.reason, "supported": list(info.supported)},
+                "cpu_kernels": {"isa": info.isa, "reason": info.reason, "supported": list(info.supported),
+                                "vnni": info.vnni},
                 "cpu_one_call_decode_max_rows": 0 if one_call is None else one_call.max_rows,
                 "generation_config": p.generation.as_dict(),
                 "step_cost_model": self.step_cost_model(), "draft_model": self._draft_model_report(),

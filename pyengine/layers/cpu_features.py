@@ -14,8 +14,8 @@ import pyengine.core._core as _core
 CPU_ISA_LEVELS: tuple[str, ...] = ("generic", "avx2", "avx512", "neon")
 
 # CPU feature flags worth reporting with a figure (named as /proc/cpuinfo names them).
-_REPORTED_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
-                   "amx_bf16", "asimd", "asimdhp", "bf16", "i8mm", "sve")
+_REPORTED_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+                   "avx512_vnni", "avx512_bf16", "amx_bf16", "asimd", "asimdhp", "bf16", "i8mm", "sve")
 
 # bf16 weights on a CPU without native bf16 instructions: from this many rows an fp32 GEMM on
 # the weights converted on the fly (torch) is used; below, pyengine's linear_bf16. Measured on an
@@ -90,6 +90,10 @@ class CpuInfo:
     flags: the instruction-set flags that matter for the kernels, as /proc/cpuinfo names them.
     native_bf16_matmul: whether bf16 matrix products run on hardware (AVX512-BF16 or AMX);
         without it pyengine's own bf16 kernels replace torch's emulated ones.
+    vnni: the VNNI instructions the quantized kernels use ("avx_vnni" at avx2, "avx512_vnni" at
+        avx512), or "" where they use none: the level has none, the CPU lacks it, or
+        PYENGINE_CPU_VNNI=0 / set_cpu_vnni(False) turned it off. Results are the same bits either
+        way; only the speed differs.
     """
 
     isa: str
@@ -98,10 +102,12 @@ class CpuInfo:
     model: str
     flags: tuple[str, ...]
     native_bf16_matmul: bool
+    vnni: str = ""
 
     def __str__(self) -> str:
         return (f"{self.model}: CPU kernels at {self.isa} ({self.reason}; supported: "
-                f"{', '.join(self.supported)}; flags: {' '.join(self.flags) or 'none'})")
+                f"{', '.join(self.supported)}; quantized kernels with {self.vnni or 'no VNNI'}; "
+                f"flags: {' '.join(self.flags) or 'none'})")
 
 
 def cpu_info() -> CpuInfo:
@@ -111,7 +117,8 @@ def cpu_info() -> CpuInfo:
     flags = cpu_flags()
     return CpuInfo(isa=isa, reason=_core._cpu_isa_reason(), supported=tuple(_core._supported_cpu_isas()),
                    model=cpu_model(), flags=tuple(f for f in _REPORTED_FLAGS if f in flags),
-                   native_bf16_matmul=native_bf16_matmul())
+                   native_bf16_matmul=native_bf16_matmul(),
+                   vnni=_core._cpu_vnni_flag(isa) if _core._cpu_vnni() else "")
 
 
 def set_cpu_isa(level: str) -> None:
@@ -122,3 +129,10 @@ def set_cpu_isa(level: str) -> None:
         raise ValueError(f"unknown CPU instruction-set level {level!r} (known: {', '.join(CPU_ISA_LEVELS)}; "
                          f"this CPU has {', '.join(_core._supported_cpu_isas())})")
     _core._set_cpu_isa(level)
+
+
+def set_cpu_vnni(enabled: bool) -> bool:
+    """Turns the quantized kernels' VNNI off (False) or back on where the active level and the
+    CPU have it (True), in the whole process; returns the previous setting. The results are the
+    same bits either way (for measuring, and for tests of both code paths)."""
+    return bool(_core._set_cpu_vnni(bool(enabled)))

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <iostream>
+#include <string>
 
 #include "pyengine/cpu_isa.h"
 
@@ -23,4 +24,18 @@ void at_every_level_logged(F&& body) {
     std::cout << "  level " << level << "\n";
     body();
   });
+}
+
+// at_every_level, and again with VNNI at each level whose VNNI this CPU has ("avx512+vnni"):
+// for the quantized kernels, the only ones that use it. VNNI is back to its previous state after.
+template <typename F>
+void at_every_level_and_vnni(F&& f) {
+  const bool previous = pyengine::set_cpu_vnni(false);
+  at_every_level([&](const char* level) {
+    pyengine::set_cpu_vnni(false);
+    f(level);
+    pyengine::set_cpu_vnni(true);
+    if (pyengine::cpu_vnni()) f((std::string(level) + "+vnni").c_str());
+  });
+  pyengine::set_cpu_vnni(previous);
 }

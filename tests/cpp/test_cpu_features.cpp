@@ -16,9 +16,9 @@ using namespace pyengine;
 namespace {
 
 #if defined(__x86_64__)
-const std::vector<std::string> kKnown = {"sse4_2",   "avx",      "avx2",        "fma",         "f16c",
-                                         "avx512f",  "avx512bw", "avx512vl",    "avx512dq",    "avx512_bf16",
-                                         "avx512_vnni", "amx_tile", "amx_bf16"};
+const std::vector<std::string> kKnown = {"sse4_2",      "avx",      "avx2",     "fma",      "f16c",
+                                         "avx512f",     "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
+                                         "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16"};
 const char* kFlagsKey = "flags";
 #elif defined(__aarch64__)
 const std::vector<std::string> kKnown = {"asimd", "fphp", "asimdhp", "asimddp", "sve", "bf16", "i8mm"};

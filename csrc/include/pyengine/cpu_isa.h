@@ -44,9 +44,28 @@ std::string cpu_isa_reason();
 // CPU does not support it. Not meant to be called while kernels run on other threads.
 void set_cpu_isa(CpuIsa isa);
 
+// VNNI (vpdpbusd: four unsigned-by-signed byte products summed into each int32 lane), which the
+// quantized linear kernels use where their level has it: AVX-VNNI at avx2 (Alder Lake and later,
+// Zen 5), AVX512-VNNI at avx512 (Ice Lake and later, Zen 4 and later); generic and neon have none.
+// Results are the same bits either way (the integer sums are exact in both). In use wherever the
+// CPU has it, unless the PYENGINE_CPU_VNNI environment variable is "0" (any value other than
+// "0" and "1" makes cpu_isa(), set_cpu_isa() and every kernel call throw, naming it) or
+// set_cpu_vnni(false) turned it off.
+//
+// The feature flag of `isa`'s VNNI ("avx_vnni", "avx512_vnni"), or "" where the level has none.
+const char* cpu_vnni_flag(CpuIsa isa);
+
+// True if the kernels use VNNI now: the active level has it, the CPU has it, and it is not off.
+bool cpu_vnni();
+
+// Turns VNNI off (false) or back on where the active level and the CPU have it (true), for all
+// threads, and returns the previous setting; not meant to be called while kernels run on other
+// threads.
+bool set_cpu_vnni(bool enabled);
+
 // The CPU features that matter to the kernels, named as Linux's /proc/cpuinfo names them, in this
 // order -- x86-64: sse4_2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_bf16
-// avx512_vnni amx_tile amx_bf16 (from cpuid; AVX, AVX-512 and AMX features only when the OS saves
+// avx512_vnni avx_vnni amx_tile amx_bf16 (from cpuid; AVX, AVX-512 and AMX features only when the OS saves
 // their registers, per xgetbv); aarch64 Linux: asimd fphp asimdhp asimddp sve bf16 i8mm (from the
 // kernel's HWCAP words). Other platforms: none. Detected once; thread-safe.
 const std::vector<std::string>& cpu_feature_flags();

@@ -63,6 +63,7 @@ std::vector<std::string> detect_flags() {
   add(os_avx512 && bit(l7.b, 17), "avx512dq");
   add(os_avx512 && bit(l7_1.a, 5), "avx512_bf16");
   add(os_avx512 && bit(l7.c, 11), "avx512_vnni");
+  add(os_avx && bit(l7_1.a, 4), "avx_vnni");
   add(os_amx && bit(l7.d, 24), "amx_tile");
   add(os_amx && bit(l7.d, 22), "amx_bf16");
   return flags;

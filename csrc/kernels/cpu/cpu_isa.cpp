@@ -47,11 +47,23 @@ bool decided = false;
 std::string reason;
 std::string error;
 std::atomic<int32_t> level{-1};
+std::atomic<bool> vnni_on{true};  // PYENGINE_CPU_VNNI / set_cpu_vnni; used only where present
+bool vnni_env_bad = false;         // `error` is PYENGINE_CPU_VNNI's: set_cpu_isa() cannot clear it
 
 void decide_locked() {
   if (decided) return;
   decided = true;
   const std::vector<CpuIsa> have = supported_cpu_isas();
+  const char* vnni_env = std::getenv("PYENGINE_CPU_VNNI");
+  if (vnni_env != nullptr && vnni_env[0] != '\0') {
+    const std::string v(vnni_env);
+    if (v != "0" && v != "1") {
+      error = "PYENGINE_CPU_VNNI=" + v + ": must be 0 (off) or 1 (on where the CPU has it)";
+      vnni_env_bad = true;
+      return;
+    }
+    vnni_on.store(v == "1");
+  }
   const char* env = std::getenv("PYENGINE_CPU_ISA");
   if (env != nullptr && env[0] != '\0') {
     const std::string name(env);
@@ -121,10 +133,34 @@ void set_cpu_isa(CpuIsa isa) {
     throw std::invalid_argument(std::string("set_cpu_isa: this CPU does not support ") +
                                 cpu_isa_name(isa) + "; this CPU has " + level_list(supported_cpu_isas()));
   std::lock_guard<std::mutex> lock(mu);
-  decided = true;
+  decide_locked();  // reads PYENGINE_CPU_VNNI even when this is the process's first call
+  if (vnni_env_bad) throw std::invalid_argument(error);
   error.clear();
   reason = "set_cpu_isa()";
   level.store(static_cast<int32_t>(isa));
+}
+
+const char* cpu_vnni_flag(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx2: return "avx_vnni";
+    case CpuIsa::kAvx512: return "avx512_vnni";
+    default: return "";
+  }
+}
+
+bool cpu_vnni() {
+  const CpuIsa isa = cpu_isa();  // decides (and reads PYENGINE_CPU_VNNI) on the first call
+  if (!vnni_on.load(std::memory_order_relaxed)) return false;
+  // per kernel call: the flags looked up once
+  static const bool avx2_vnni = cpu_has_feature(cpu_vnni_flag(CpuIsa::kAvx2));
+  static const bool avx512_vnni = cpu_has_feature(cpu_vnni_flag(CpuIsa::kAvx512));
+  return isa == CpuIsa::kAvx512 ? avx512_vnni : isa == CpuIsa::kAvx2 && avx2_vnni;
+}
+
+bool set_cpu_vnni(bool enabled) {
+  std::lock_guard<std::mutex> lock(mu);
+  decide_locked();
+  return vnni_on.exchange(enabled);
 }
 
 }  // namespace pyengine

@@ -27,6 +27,11 @@
   _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c\"))), apply_to = function)")
 #define PYENGINE_ISA_BEGIN_AVX512                                                                 \
   _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq\"))), apply_to = function)")
+// The quantized kernels' VNNI builds (pyengine/cpu_isa.h: cpu_vnni)
+#define PYENGINE_ISA_BEGIN_AVX2_VNNI \
+  _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avxvnni\"))), apply_to = function)")
+#define PYENGINE_ISA_BEGIN_AVX512_VNNI                                                            \
+  _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni\"))), apply_to = function)")
 #define PYENGINE_ISA_END _Pragma("clang attribute pop")
 #elif PYENGINE_ISA_X86
 #define PYENGINE_ISA_BEGIN_AVX2                              \
@@ -40,11 +45,23 @@
   _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")                      \
   _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512\")")
 
+// The quantized kernels' VNNI builds (pyengine/cpu_isa.h: cpu_vnni): each level plus its VNNI.
+#define PYENGINE_ISA_BEGIN_AVX2_VNNI                         \
+  _Pragma("GCC push_options") _Pragma("GCC diagnostic push") \
+  _Pragma("GCC target(\"avx2,fma,f16c,avxvnni\")")
+#define PYENGINE_ISA_BEGIN_AVX512_VNNI                                             \
+  _Pragma("GCC push_options") _Pragma("GCC diagnostic push")                       \
+  _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")                            \
+  _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")                      \
+  _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,prefer-vector-width=512\")")
+
 #define PYENGINE_ISA_END _Pragma("GCC diagnostic pop") _Pragma("GCC pop_options")
 #else
 // Another architecture: the x86 levels' namespaces hold the portable build (never dispatched to).
 #define PYENGINE_ISA_BEGIN_AVX2
 #define PYENGINE_ISA_BEGIN_AVX512
+#define PYENGINE_ISA_BEGIN_AVX2_VNNI
+#define PYENGINE_ISA_BEGIN_AVX512_VNNI
 #define PYENGINE_ISA_END
 #endif
 // Advanced SIMD is baseline on aarch64: the neon build needs no target switch (and on x86 its

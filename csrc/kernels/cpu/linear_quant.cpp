@@ -29,7 +29,14 @@ constexpr int32_t kRowChunk = 32;
 
 void fail(const std::string& msg) { throw std::invalid_argument(msg); }
 
-void run_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
+void run_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1, bool vnni) {
+  if (vnni) {  // only at avx2 and avx512, on CPUs with their VNNI
+    if (cpu_isa() == CpuIsa::kAvx512)
+      cpu::isa_avx512_vnni::quant_linear_rows(a, n0, n1);
+    else
+      cpu::isa_avx2_vnni::quant_linear_rows(a, n0, n1);
+    return;
+  }
   PYENGINE_ISA_CALL(quant_linear_rows, a, n0, n1);
 }
 
@@ -61,7 +68,8 @@ void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M,
          " rows, got " + std::to_string(N));
   if (ldx < K) fail("ldx: must be >= K = " + std::to_string(K) + ", got " + std::to_string(ldx));
   if (ldy < N) fail("ldy: must be >= N = " + std::to_string(N) + ", got " + std::to_string(ldy));
-  (void)cpu_isa();  // throws here, before any thread starts, if PYENGINE_CPU_ISA is invalid
+  // throws here, before any thread starts, if PYENGINE_CPU_ISA or PYENGINE_CPU_VNNI is invalid
+  const bool vnni = cpu_vnni();
 
   const int nt_max = cpu::resolve_threads(num_threads);
   // x -> 8-bit blocks once; reused across calls by the calling thread.
@@ -92,7 +100,7 @@ PYENGINE_OMP(parallel num_threads(nt_max))
       chunk.y = y + m0 * ldy;
       chunk.xq = xqp + m0 * xrow;
       chunk.M = std::min(kRowChunk, M - m0);
-      run_rows(chunk, n0, n1);
+      run_rows(chunk, n0, n1, vnni);
     }
   });
 }

@@ -1,8 +1,11 @@
 // The AVX2 compute code of the quantized linear kernel: 8-bit integer block dot products with
-// vpmaddubsw / vpmaddwd (32 weight-activation products per instruction pair), exact within a
-// block (Q8_0, Q5_0, Q4_0, Q4_Z) or super-block (Q4_K, Q6_K), scaled into fp32 sums. Included by
-// linear_quant_avx2.cpp, and by linear_quant_avx512.cpp, which compiles the same code for the
-// AVX-512 level (a CPU with AVX-512 has AVX2).
+// vpmaddubsw / vpmaddwd (32 weight-activation products per instruction pair) or, in the VNNI
+// builds, vpdpbusd (32 per instruction), exact within a block (Q8_0, Q5_0, Q4_0, Q4_Z) or
+// super-block (Q4_K, Q6_K), scaled into fp32 sums. Included (through linear_quant_x86_build.h) by
+// linear_quant_avx2.cpp, by linear_quant_avx512.cpp, which compiles the same code for the
+// AVX-512 level (a CPU with AVX-512 has AVX2), and by their VNNI builds
+// (linear_quant_*_vnni.cpp, PYENGINE_QUANT_VNNI set): the integer sums are exact either way, so
+// every build gives the same bits.
 //
 // The interleaved layouts' code is in linear_quant_x8_avx2_impl.h.
 //
@@ -23,6 +26,40 @@ constexpr int32_t kPrefetchM1Bytes = 4096;
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 #include "simd_x86.h"
+
+// ---- byte dot products: unsigned bytes u times signed bytes s, 4 adjacent products per int32 ----
+//
+// An accumulator starts at zero and takes dot_add(acc, u, s) a few times; dot_lanes(acc) is then
+// the int32 sums, dot_scaled(acc, lane_scales_*(...)) the sums times a scale per int32 lane.
+// Without VNNI, vpmaddubsw sums products pairwise into int16 lanes which the calls add up before
+// one widening: each kernel says why those int16 sums cannot overflow (vpmaddubsw itself
+// saturates a pair only beyond 2 * 255 * 127, which no format reaches: Q8_0 multiplies |w| <= 128).
+// With VNNI, vpdpbusd adds them straight into int32 lanes: the same integers.
+#if PYENGINE_QUANT_VNNI == 2
+inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+#elif PYENGINE_QUANT_VNNI == 1
+inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+#endif
+#if PYENGINE_QUANT_VNNI
+inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) { return dpbusd(acc, u, s); }
+inline __m256i dot_lanes(__m256i acc) { return acc; }
+// 8 scale bytes (one per int32 lane), unsigned or signed
+inline __m256i lane_scales_u8(__m128i v8) { return _mm256_cvtepu8_epi32(v8); }
+inline __m256i lane_scales_i8(__m128i v8) { return _mm256_cvtepi8_epi32(v8); }
+inline __m256i dot_scaled(__m256i acc, __m256i scales) { return _mm256_mullo_epi32(acc, scales); }
+// products widened into int32 at once (where int16 sums of several calls could overflow)
+inline __m256i dot_add_wide(__m256i acc32, __m256i u, __m256i s) { return dpbusd(acc32, u, s); }
+#else
+inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s)); }
+inline __m256i dot_lanes(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
+// each scale in both int16 halves of its lane: vpmaddwd multiplies and adds the pair
+inline __m256i lane_scales_u8(__m128i v8) { return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v8, v8)); }
+inline __m256i lane_scales_i8(__m128i v8) { return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v8, v8)); }
+inline __m256i dot_scaled(__m256i acc, __m256i scales) { return _mm256_madd_epi16(acc, scales); }
+inline __m256i dot_add_wide(__m256i acc32, __m256i u, __m256i s) {
+  return _mm256_add_epi32(acc32, dot_lanes(_mm256_maddubs_epi16(u, s)));
+}
+#endif
 
 // ---- 32-weight blocks: Q8_0, Q5_0, Q4_0, Q4_Z ----
 
@@ -62,7 +99,7 @@ inline Levels unpack(const BlockQ5_0& b) {
 template <typename B>
 inline __m256i block_dot(const Levels& w, __m256i x) {
   const __m256i xs = std::is_same_v<B, BlockQ8_0> ? _mm256_sign_epi8(x, w.s) : x;
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(w.u, xs), _mm256_set1_epi16(1));
+  return dot_lanes(dot_add(_mm256_setzero_si256(), w.u, xs));
 }
 // A block's level offset, in units of ActQ8_32::s8 (8 * d * sum(x levels)).
 constexpr bool has_offset(const BlockQ8_0*) { return false; }
@@ -112,6 +149,8 @@ void tile32(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
 }
 
 // ---- 256-weight super-blocks: Q4_K, Q6_K (one weight row, MB x rows) ----
+// (vpmaddubsw in every build: these rows are only the fallback for N not a multiple of 8; the
+// interleaved layouts take the rest)
 
 // Q4_K's 8 sub-block scales (bytes 0..7) and mins (bytes 8..15) from its 12 packed bytes: the
 // low 6 bits of bytes 0..3 / 4..7 for sub-blocks 0..3; for 4..7 the nibbles of bytes 8..11 with

@@ -65,6 +65,9 @@ namespace isa_generic { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
 namespace isa_avx2 { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
 namespace isa_avx512 { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
 namespace isa_neon { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
+// the x86 levels with VNNI (pyengine/cpu_isa.h: cpu_vnni)
+namespace isa_avx2_vnni { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
+namespace isa_avx512_vnni { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
 
 #undef PYENGINE_QUANT_LINEAR_ENTRY_POINTS
 

@@ -1,7 +1,7 @@
 // The AVX2 compute code of the quantized linear kernel for the interleaved layouts (Q8_0x8,
-// Q4_0x8, Q4_Zx8, Q4_Kx8, Q6_Kx8; pyengine/cpu_quant.h): a 32-byte vector holds 4 levels of each of 8 weight
-// rows, so one vpmaddubsw against 4 activations broadcast to every lane advances all 8 rows' dot
-// products at once; the sums stay one row per 32-bit lane to the end (no horizontal sums), and
+// Q4_0x8, Q4_Zx8, Q4_Kx8, Q6_Kx8; pyengine/cpu_quant.h): a 32-byte vector holds 4 levels of each
+// of 8 weight rows, so one vpmaddubsw (VNNI: vpdpbusd; see dot_add) against 4 activations
+// broadcast to every lane advances all 8 rows' dot products at once; the sums stay one row per 32-bit lane to the end (no horizontal sums), and
 // 8 rows' fp16 scales convert in one instruction. The levels of a group block are unpacked once
 // and reused for up to kMBx8 rows of x; each row of x sums its blocks in the same order whatever
 // the number of rows, so a row's result does not depend on the batch it is in.
@@ -36,7 +36,7 @@ void group_nibbles_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* o
   for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_32*>(a.xq + (m0 + m) * a.xrow_bytes);
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
   for (int32_t b = 0; b < nb; ++b) {
     const B& wb = w[b];
     if (MB == 1) prefetch_lines(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(B));
@@ -46,8 +46,8 @@ void group_nibbles_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* o
       const __m256i v = load32(wb.qs + 32 * c);
       const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
       for (int m = 0; m < MB; ++m) {
-        s[m] = _mm256_add_epi16(s[m], _mm256_maddubs_epi16(lo, broadcast4(x[m][b].qs + 8 * c)));
-        s[m] = _mm256_add_epi16(s[m], _mm256_maddubs_epi16(hi, broadcast4(x[m][b].qs + 8 * c + 4)));
+        s[m] = dot_add(s[m], lo, broadcast4(x[m][b].qs + 8 * c));
+        s[m] = dot_add(s[m], hi, broadcast4(x[m][b].qs + 8 * c + 4));
       }
     }
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
@@ -57,7 +57,7 @@ void group_nibbles_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* o
     for (int m = 0; m < MB; ++m) {
       // d_w * (d_x * sum(q x) - offset * d_x * sum(x)); s8 = 8 d_x sum(x), so s8 / 8 exactly d_x sum(x)
       const __m256 off = kZeroPoints ? _mm256_mul_ps(z, _mm256_set1_ps(x[m][b].s8 * 0.125f)) : _mm256_set1_ps(x[m][b].s8);
-      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[m], ones));
+      const __m256 dot = _mm256_cvtepi32_ps(dot_lanes(s[m]));
       acc[m] = _mm256_fmadd_ps(dw, _mm256_fmsub_ps(dot, _mm256_set1_ps(x[m][b].d), off), acc[m]);
     }
   }
@@ -74,7 +74,6 @@ void group_q8_0x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
   for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_32*>(a.xq + (m0 + m) * a.xrow_bytes);
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int32_t b = 0; b < nb; ++b) {
     const BlockQ8_0x8& wb = w[b];
     if (MB == 1) prefetch_lines(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ8_0x8));
@@ -83,10 +82,7 @@ void group_q8_0x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
     for (int c = 0; c < 8; ++c) {  // positions 4c .. 4c + 3
       const __m256i v = load32(wb.qs + 32 * c);
       const __m256i u = _mm256_sign_epi8(v, v);
-      for (int m = 0; m < MB; ++m) {
-        const __m256i p = _mm256_maddubs_epi16(u, _mm256_sign_epi8(broadcast4(x[m][b].qs + 4 * c), v));
-        s[m] = _mm256_add_epi32(s[m], _mm256_madd_epi16(p, ones));
-      }
+      for (int m = 0; m < MB; ++m) s[m] = dot_add_wide(s[m], u, _mm256_sign_epi8(broadcast4(x[m][b].qs + 4 * c), v));
     }
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
     for (int m = 0; m < MB; ++m)
@@ -111,8 +107,7 @@ void group_q4_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
     for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
     for (int s = 0; s < 8; ++s) {
       // the 8 rows' scales of sub-block s, each in both int16 halves of its row's lane
-      const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.scales + kRows8 * s));
-      const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));
+      const __m256i sc = lane_scales_u8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.scales + kRows8 * s)));
       __m256i s16[MB];
       for (int m = 0; m < MB; ++m) s16[m] = _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
@@ -120,11 +115,11 @@ void group_q4_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
         const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
         for (int m = 0; m < MB; ++m) {
           const int8_t* xq = x[m][b].qs + 32 * s + 8 * c;
-          s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(lo, broadcast4(xq)));
-          s16[m] = _mm256_add_epi16(s16[m], _mm256_maddubs_epi16(hi, broadcast4(xq + 4)));
+          s16[m] = dot_add(s16[m], lo, broadcast4(xq));
+          s16[m] = dot_add(s16[m], hi, broadcast4(xq + 4));
         }
       }
-      for (int m = 0; m < MB; ++m) sumi[m] = _mm256_add_epi32(sumi[m], _mm256_madd_epi16(s16[m], sc));
+      for (int m = 0; m < MB; ++m) sumi[m] = _mm256_add_epi32(sumi[m], dot_scaled(s16[m], sc));
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.dmin)));
@@ -156,9 +151,9 @@ void group_q6_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
-  // from a pair of sub-blocks' scales ([row][2] bytes), the first's or second's, twice per row
-  const __m128i pick[2] = {_mm_set_epi8(14, 14, 12, 12, 10, 10, 8, 8, 6, 6, 4, 4, 2, 2, 0, 0),
-                           _mm_set_epi8(15, 15, 13, 13, 11, 11, 9, 9, 7, 7, 5, 5, 3, 3, 1, 1)};
+  // from a pair of sub-blocks' scales ([row][2] bytes), the first's or second's: one byte per row
+  const __m128i pick[2] = {_mm_set_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 14, 12, 10, 8, 6, 4, 2, 0),
+                           _mm_set_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 15, 13, 11, 9, 7, 5, 3, 1)};
   for (int32_t b = 0; b < nb; ++b) {
     const BlockQ6_Kx8& wb = w[b];
     if (MB == 1) prefetch_lines(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ6_Kx8));
@@ -166,7 +161,7 @@ void group_q6_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
     for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
     for (int s = 0; s < 16; ++s) {
       const __m128i pair = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.scales + 16 * (s / 2)));
-      const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(pair, pick[s % 2]));
+      const __m256i sc = lane_scales_i8(_mm_shuffle_epi8(pair, pick[s % 2]));
       const __m256i A = load32(wb.q[s]), B = load32(wb.q[s] + 32), H = load32(wb.q[s] + 64);
       const __m256i v0 = _mm256_or_si256(_mm256_and_si256(A, low4), _mm256_and_si256(_mm256_slli_epi16(H, 4), top2));
       const __m256i v1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), low4),
@@ -174,13 +169,17 @@ void group_q6_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
       const __m256i v2 = _mm256_or_si256(_mm256_and_si256(B, low4), _mm256_and_si256(H, top2));
       const __m256i v3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), low4),
                                          _mm256_and_si256(_mm256_srli_epi16(H, 2), top2));
+      const __m256i zero = _mm256_setzero_si256();
       for (int m = 0; m < MB; ++m) {
         const int8_t* xq = x[m][b].qs + 16 * s;
-        const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(v0, broadcast4(xq)),
-                                             _mm256_maddubs_epi16(v1, broadcast4(xq + 4)));
-        const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(v2, broadcast4(xq + 8)),
-                                             _mm256_maddubs_epi16(v3, broadcast4(xq + 12)));
-        sumi[m] = _mm256_add_epi32(sumi[m], _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)));
+        const __m256i p01 = dot_add(dot_add(zero, v0, broadcast4(xq)), v1, broadcast4(xq + 4));
+#if PYENGINE_QUANT_VNNI  // int32 sums: all 16 products in one accumulator, one scaling
+        const __m256i p = dot_add(dot_add(p01, v2, broadcast4(xq + 8)), v3, broadcast4(xq + 12));
+        sumi[m] = _mm256_add_epi32(sumi[m], dot_scaled(p, sc));
+#else  // int16 sums: 8 products of up to 63 * 127 would overflow; two halves
+        const __m256i p23 = dot_add(dot_add(zero, v2, broadcast4(xq + 8)), v3, broadcast4(xq + 12));
+        sumi[m] = _mm256_add_epi32(sumi[m], _mm256_add_epi32(dot_scaled(p01, sc), dot_scaled(p23, sc)));
+#endif
       }
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
