@@ -38,7 +38,6 @@ import json
 import os
 import re
 import resource
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -159,14 +158,16 @@ class LlamaRunner:
         self.lc, self.gguf, self.threads, self.s = lc, gguf, threads, sizes
         self.kv = KV_TYPE[dtype]
         self.commands: dict[str, str] = {}
+        self.no_repack: set[str] = set()  # runs that crashed with llama.cpp's repacking, rerun without
         self.records: dict[str, list[dict]] = {}
         self.meter: Meter | None = None  # the last run's
 
     def _run(self, key: str, cmd: list) -> str:
-        cmd = [str(c) for c in cmd]
-        self.commands[key] = " ".join([Path(cmd[0]).name] + cmd[1:])
         with Meter(self.threads, children=True) as self.meter:
-            r = subprocess.run(cmd, capture_output=True, text=True)
+            r, cmd = llamacpp_build.run_tool(cmd, capture_output=True, text=True)
+        self.commands[key] = " ".join([Path(cmd[0]).name] + cmd[1:])
+        if llamacpp_build.repack_off(cmd):
+            self.no_repack.add(key)
         if r.returncode != 0:
             raise RuntimeError(f"{self.commands[key]} failed ({r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
         return r.stdout + "\n" + r.stderr
@@ -345,6 +346,7 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
                                             "float_1d_tensors": float_1d},
             "llama_cpp_kv_cache_type": llama.kv, "figures": figures, "cpu": cpu,
             "llama_cpp_generation_phase_tps": phase, "llama_cpp_commands": llama.commands,
+            "llama_cpp_no_repack": sorted(llama.no_repack),
             "llama_bench_settings": {k: rec.get(k) for k in ("flash_attn", "n_batch", "n_ubatch", "type_k", "type_v",
                                                              "n_threads", "build_commit", "model_type", "cpu_info")}}
 
@@ -543,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     for dtype, res in results.items():
         print_table(dtype, res, sizes)
         print("  llama.cpp commands: " + "; ".join(res["llama_cpp_commands"].values()))
+        if res["llama_cpp_no_repack"]:
+            print(f"  note: llama.cpp crashed with its weight repacking (AMX on this CPU) in {', '.join(res['llama_cpp_no_repack'])}"
+                  ": those figures are llama.cpp without repacking (see llamacpp_build.NO_REPACK_ARGS)")
         st = res["llama_bench_settings"]
         fa = {-1: "auto", 0: "off", 1: "on"}.get(st.get("flash_attn"), st.get("flash_attn"))
         print(f"  llama-bench: flash attention {fa}, batch {st.get('n_batch')}, micro-batch {st.get('n_ubatch')}, "

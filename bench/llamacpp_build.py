@@ -82,6 +82,34 @@ def cpu_flags() -> list[str]:
     return []
 
 
+# llama.cpp repacks weights at load into layouts of its "extra buffer types" (on x86: its AMX
+# layout where the CPU has AMX-INT8, else the AVX2 interleaved one). On some AMX machines
+# (Sapphire Rapids-class Xeons, KVM guests among them) its AMX matrix product crashes
+# (SIGSEGV in ggml_backend_amx_mul_mat; llama.cpp issue 20824, closed without a fix). A tool
+# killed by a signal is therefore run once more with repacking off, and the figures say so.
+NO_REPACK_ARGS = {"llama-bench": ["--repack", "0"], "llama-batched-bench": ["--no-repack"],
+                  "llama-perplexity": ["--no-repack"]}
+NO_REPACK_ENV = "PYENGINE_LLAMACPP_REPACK"  # "0": bench/cpp/llamacpp_greedy.cpp loads without repacking
+
+
+def run_tool(cmd: list, **kw) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Runs a llama.cpp tool (NO_REPACK_ARGS' keys); if a signal kills it, once more with weight
+    repacking off. Returns the last run's result and the command it ran."""
+    cmd = [str(c) for c in cmd]
+    r = subprocess.run(cmd, **kw)
+    extra = NO_REPACK_ARGS.get(Path(cmd[0]).name)
+    if r.returncode < 0 and extra is not None:
+        cmd = cmd + extra
+        r = subprocess.run(cmd, **kw)
+    return r, cmd
+
+
+def repack_off(cmd: list[str]) -> bool:
+    """Whether run_tool fell back to no repacking for `cmd` (the command it returned)."""
+    extra = NO_REPACK_ARGS.get(Path(cmd[0]).name)
+    return extra is not None and cmd[-len(extra):] == extra
+
+
 def _run(cmd: list[str], log: Log, **kw) -> subprocess.CompletedProcess:
     log("$ " + " ".join(str(c) for c in cmd))
     return subprocess.run([str(c) for c in cmd], **kw)

@@ -204,13 +204,13 @@ def llama_kld(lc, gguf: Path, base: Path, n_ctx: int, threads: int, attempts: in
     """``llama-perplexity --kl-divergence`` of ``gguf`` against the reference in ``base``. Its
     last lines (the statistics) are written by a logging thread that the process does not
     always wait for at exit: a run whose output lacks them is repeated."""
-    import subprocess
+    from bench.llamacpp_build import run_tool  # noqa: PLC0415
 
     cmd = [str(lc.tool("llama-perplexity")), "-m", str(gguf), "--kl-divergence-base", str(base), "--kl-divergence",
            "-c", str(n_ctx), "-t", str(threads), "-tb", str(threads)]
     for attempt in range(attempts):
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True)
+        r, cmd = run_tool(cmd, capture_output=True)
         text = (r.stdout + b"\n" + r.stderr).decode("utf-8", errors="replace")
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{text[-3000:]}")

@@ -6,7 +6,8 @@
 //
 // prints one line per generated token: its id and the gap between the two largest logits of
 // the step that chose it (how near a tie the choice was). End-of-generation tokens do not stop
-// it: N_PREDICT tokens always.
+// it: N_PREDICT tokens always. PYENGINE_LLAMACPP_REPACK=0 loads the weights without llama.cpp's
+// repacking (its AMX layout crashes on some AMX CPUs: bench/llamacpp_build.py, NO_REPACK_ARGS).
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -23,7 +24,10 @@ int main(int argc, char** argv) {
   for (int i = 4; i < argc; ++i) prompt.push_back(static_cast<llama_token>(std::atoi(argv[i])));
   llama_log_set([](ggml_log_level, const char*, void*) {}, nullptr);
   llama_backend_init();
-  llama_model* model = llama_model_load_from_file(argv[1], llama_model_default_params());
+  llama_model_params mp = llama_model_default_params();
+  const char* repack = std::getenv("PYENGINE_LLAMACPP_REPACK");
+  if (repack != nullptr && repack[0] == '0') mp.use_extra_bufts = false;
+  llama_model* model = llama_model_load_from_file(argv[1], mp);
   if (model == nullptr) {
     std::fprintf(stderr, "cannot load %s\n", argv[1]);
     return 1;
