@@ -23,22 +23,36 @@ _isa_levels_ran: dict[str, int] = {}
 _isa_levels_missing: set[str] = set()
 
 
-@pytest.fixture(params=ISA_LEVELS)
-def cpu_isa(request):
-    """Runs the test with every CPU kernel at one instruction-set level; a level this CPU lacks
-    is skipped, saying so (never silently run at another level)."""
-    level = request.param
+def _at_kernel_build(build: str, vnni: bool | None):
+    """Sets the CPU kernels to `build` (a level; "<level>+vnni" for the quantized kernels' VNNI
+    build) for one test and restores the previous setting after; a level, or a VNNI, this CPU
+    lacks is skipped, saying so (never silently run at another level). vnni None leaves the
+    VNNI setting as it is."""
+    level = build.partition("+")[0]
     supported = _core._supported_cpu_isas()
     if level not in supported:
         _isa_levels_missing.add(level)
         pytest.skip(f"CPU level {level} is not available on this CPU (it has {', '.join(supported)})")
+    flag = _core._cpu_vnni_flag(level)
+    if vnni and flag not in _core._cpu_feature_flags():
+        _isa_levels_missing.add(build)
+        pytest.skip(f"{build}: this CPU lacks {flag}")
     previous = _core._cpu_isa()
+    previous_vnni = None if vnni is None else _core._set_cpu_vnni(vnni)
     set_cpu_isa(level)
-    _isa_levels_ran[level] = _isa_levels_ran.get(level, 0) + 1
+    _isa_levels_ran[build] = _isa_levels_ran.get(build, 0) + 1
     try:
-        yield level
+        yield build
     finally:
         set_cpu_isa(previous)
+        if previous_vnni is not None:
+            _core._set_cpu_vnni(previous_vnni)
+
+
+@pytest.fixture(params=ISA_LEVELS)
+def cpu_isa(request):
+    """Runs the test with every CPU kernel at one instruction-set level."""
+    yield from _at_kernel_build(request.param, None)
 
 
 # The quantized kernels' builds: every level, and the x86 levels again with their VNNI.
@@ -49,23 +63,7 @@ QUANT_KERNEL_BUILDS = ISA_LEVELS + tuple(f"{lvl}+vnni" for lvl in ISA_LEVELS if 
 def quant_cpu_isa(request):
     """As cpu_isa, for the quantized kernels: each level without VNNI, then "<level>+vnni" with
     it, skipped (saying so) where the CPU lacks the level or its VNNI."""
-    level, _, vnni = request.param.partition("+")
-    supported = _core._supported_cpu_isas()
-    if level not in supported:
-        _isa_levels_missing.add(level)
-        pytest.skip(f"CPU level {level} is not available on this CPU (it has {', '.join(supported)})")
-    flag = _core._cpu_vnni_flag(level)
-    if vnni and flag not in _core._cpu_feature_flags():
-        _isa_levels_missing.add(request.param)
-        pytest.skip(f"{request.param}: this CPU lacks {flag}")
-    previous, previous_vnni = _core._cpu_isa(), _core._set_cpu_vnni(bool(vnni))
-    set_cpu_isa(level)
-    _isa_levels_ran[request.param] = _isa_levels_ran.get(request.param, 0) + 1
-    try:
-        yield request.param
-    finally:
-        set_cpu_isa(previous)
-        _core._set_cpu_vnni(previous_vnni)
+    yield from _at_kernel_build(request.param, request.param.endswith("+vnni"))
 
 
 def pytest_report_header(config):

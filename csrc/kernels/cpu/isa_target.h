@@ -21,41 +21,35 @@
 #define PYENGINE_ISA_ARM 1
 #endif
 
+#define PYENGINE_PRAGMA(x) _Pragma(#x)
+
 #if PYENGINE_ISA_X86 && defined(__clang__)
 // clang has no `#pragma GCC target`: it gives every function in between the target attribute.
-#define PYENGINE_ISA_BEGIN_AVX2 \
-  _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c\"))), apply_to = function)")
-#define PYENGINE_ISA_BEGIN_AVX512                                                                 \
-  _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq\"))), apply_to = function)")
-// The quantized kernels' VNNI builds (pyengine/cpu_isa.h: cpu_vnni)
-#define PYENGINE_ISA_BEGIN_AVX2_VNNI \
-  _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avxvnni\"))), apply_to = function)")
-#define PYENGINE_ISA_BEGIN_AVX512_VNNI                                                            \
-  _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni\"))), apply_to = function)")
+#define PYENGINE_ISA_BEGIN_TARGET(features) \
+  PYENGINE_PRAGMA(clang attribute push(__attribute__((target(features))), apply_to = function))
+#define PYENGINE_ISA_BEGIN_AVX512_TARGET(features) PYENGINE_ISA_BEGIN_TARGET(features)
 #define PYENGINE_ISA_END _Pragma("clang attribute pop")
 #elif PYENGINE_ISA_X86
-#define PYENGINE_ISA_BEGIN_AVX2                              \
+#define PYENGINE_ISA_BEGIN_TARGET(features)                  \
   _Pragma("GCC push_options") _Pragma("GCC diagnostic push") \
-  _Pragma("GCC target(\"avx2,fma,f16c\")")
-
+  PYENGINE_PRAGMA(GCC target(features))
 // gcc 12 warns falsely inside its own AVX-512 headers (_mm512_undefined_ps).
-#define PYENGINE_ISA_BEGIN_AVX512                                                  \
-  _Pragma("GCC push_options") _Pragma("GCC diagnostic push")                       \
-  _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")                            \
-  _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")                      \
-  _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512\")")
-
-// The quantized kernels' VNNI builds (pyengine/cpu_isa.h: cpu_vnni): each level plus its VNNI.
-#define PYENGINE_ISA_BEGIN_AVX2_VNNI                         \
-  _Pragma("GCC push_options") _Pragma("GCC diagnostic push") \
-  _Pragma("GCC target(\"avx2,fma,f16c,avxvnni\")")
-#define PYENGINE_ISA_BEGIN_AVX512_VNNI                                             \
-  _Pragma("GCC push_options") _Pragma("GCC diagnostic push")                       \
-  _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")                            \
-  _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")                      \
-  _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,prefer-vector-width=512\")")
-
+#define PYENGINE_ISA_BEGIN_AVX512_TARGET(features)                    \
+  _Pragma("GCC push_options") _Pragma("GCC diagnostic push")          \
+  _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")               \
+  _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")         \
+  PYENGINE_PRAGMA(GCC target(features, "prefer-vector-width=512"))
 #define PYENGINE_ISA_END _Pragma("GCC diagnostic pop") _Pragma("GCC pop_options")
+#endif
+
+#if PYENGINE_ISA_X86
+#define PYENGINE_ISA_BEGIN_AVX2 PYENGINE_ISA_BEGIN_TARGET("avx2,fma,f16c")
+#define PYENGINE_ISA_BEGIN_AVX512 \
+  PYENGINE_ISA_BEGIN_AVX512_TARGET("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
+// The quantized kernels' VNNI builds (pyengine/cpu_isa.h: cpu_vnni): each level plus its VNNI.
+#define PYENGINE_ISA_BEGIN_AVX2_VNNI PYENGINE_ISA_BEGIN_TARGET("avx2,fma,f16c,avxvnni")
+#define PYENGINE_ISA_BEGIN_AVX512_VNNI \
+  PYENGINE_ISA_BEGIN_AVX512_TARGET("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 #else
 // Another architecture: the x86 levels' namespaces hold the portable build (never dispatched to).
 #define PYENGINE_ISA_BEGIN_AVX2
