@@ -94,11 +94,12 @@ NO_REPACK_ENV = "PYENGINE_LLAMACPP_REPACK"  # "0": bench/cpp/llamacpp_greedy.cpp
 
 def run_tool(cmd: list, **kw) -> tuple[subprocess.CompletedProcess, list[str]]:
     """Runs a llama.cpp tool (NO_REPACK_ARGS' keys); if a signal kills it, once more with weight
-    repacking off. Returns the last run's result and the command it ran."""
+    repacking off (unless `cmd` has it off already: a command run_tool returned). Returns the
+    last run's result and the command it ran."""
     cmd = [str(c) for c in cmd]
     r = subprocess.run(cmd, **kw)
     extra = NO_REPACK_ARGS.get(Path(cmd[0]).name)
-    if r.returncode < 0 and extra is not None:
+    if r.returncode < 0 and extra is not None and not repack_off(cmd):
         cmd = cmd + extra
         r = subprocess.run(cmd, **kw)
     return r, cmd
