@@ -23,11 +23,11 @@ _isa_levels_ran: dict[str, int] = {}
 _isa_levels_missing: set[str] = set()
 
 
-def _at_kernel_build(build: str, vnni: bool | None):
+def _at_kernel_build(build: str, vnni: bool | None, amx: bool | None = None):
     """Sets the CPU kernels to `build` (a level; "<level>+vnni" for the quantized kernels' VNNI
-    build) for one test and restores the previous setting after; a level, or a VNNI, this CPU
-    lacks is skipped, saying so (never silently run at another level). vnni None leaves the
-    VNNI setting as it is."""
+    build, "<level>+amx" for their AMX path with VNNI) for one test and restores the previous
+    setting after; a level, a VNNI or an AMX this CPU lacks is skipped, saying so (never silently
+    run at another level). vnni / amx None leave that setting as it is."""
     level = build.partition("+")[0]
     supported = _core._supported_cpu_isas()
     if level not in supported:
@@ -39,14 +39,20 @@ def _at_kernel_build(build: str, vnni: bool | None):
         pytest.skip(f"{build}: this CPU lacks {flag}")
     previous = _core._cpu_isa()
     previous_vnni = None if vnni is None else _core._set_cpu_vnni(vnni)
+    previous_amx = None if amx is None else _core._set_cpu_amx(amx)
     set_cpu_isa(level)
-    _isa_levels_ran[build] = _isa_levels_ran.get(build, 0) + 1
     try:
+        if amx and not _core._cpu_amx():
+            _isa_levels_missing.add(build)
+            pytest.skip(f"{build}: this CPU (or the OS) lacks AMX-BF16")
+        _isa_levels_ran[build] = _isa_levels_ran.get(build, 0) + 1
         yield build
     finally:
         set_cpu_isa(previous)
         if previous_vnni is not None:
             _core._set_cpu_vnni(previous_vnni)
+        if previous_amx is not None:
+            _core._set_cpu_amx(previous_amx)
 
 
 @pytest.fixture(params=ISA_LEVELS)
@@ -55,15 +61,19 @@ def cpu_isa(request):
     yield from _at_kernel_build(request.param, None)
 
 
-# The quantized kernels' builds: every level, and the x86 levels again with their VNNI.
-QUANT_KERNEL_BUILDS = ISA_LEVELS + tuple(f"{lvl}+vnni" for lvl in ISA_LEVELS if _core._cpu_vnni_flag(lvl))
+# The quantized kernels' builds: every level, the x86 levels again with their VNNI, and avx512
+# with its AMX path (batches of 16 rows or more).
+QUANT_KERNEL_BUILDS = (ISA_LEVELS + tuple(f"{lvl}+vnni" for lvl in ISA_LEVELS if _core._cpu_vnni_flag(lvl))
+                       + tuple(f"{lvl}+amx" for lvl in ISA_LEVELS if lvl == "avx512"))
 
 
 @pytest.fixture(params=QUANT_KERNEL_BUILDS)
 def quant_cpu_isa(request):
-    """As cpu_isa, for the quantized kernels: each level without VNNI, then "<level>+vnni" with
-    it, skipped (saying so) where the CPU lacks the level or its VNNI."""
-    yield from _at_kernel_build(request.param, request.param.endswith("+vnni"))
+    """As cpu_isa, for the quantized kernels: each level without VNNI or AMX, then "<level>+vnni"
+    with VNNI, then "avx512+amx" with both, skipped (saying so) where the CPU lacks the level, its
+    VNNI or AMX."""
+    build = request.param
+    yield from _at_kernel_build(build, build.endswith(("+vnni", "+amx")), build.endswith("+amx"))
 
 
 def pytest_report_header(config):

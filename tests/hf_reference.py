@@ -119,16 +119,51 @@ def _fake_quantize(x: torch.Tensor, block: int) -> torch.Tensor:
     return (torch.round(v * inv) * d).reshape(x.shape)
 
 
-def quantized_hf_model(model_dir: Path, formats: dict[str, str], quantize_activations: bool = True):
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.bfloat16().float()
+
+
+def _amx_prompt_rows(module: torch.nn.Module, prompt: dict, block: int) -> None:
+    """Makes `module` (a quantized linear layer) compute the rows of the prompt's positions (the
+    first prompt["len"] of the sequence) as the kernels' AMX path does -- input and weights
+    rounded to bf16 -- and the other rows through the 8-bit activation blocks. (The hooks hold
+    no reference to the model: it is freed, and its checkpoint's memory map closed, with its
+    last reference.)"""
+    weight_bf16 = _bf16(module.weight.detach())
+
+    def stash(m, args):
+        m.raw_input = args[0]
+        return (_fake_quantize(args[0], block),)
+
+    def prompt_rows(m, args, out):
+        p = prompt["len"]
+        out = out.clone()
+        out[:, :p] = torch.nn.functional.linear(_bf16(m.raw_input[:, :p]), weight_bf16, m.bias)
+        return out
+
+    module.register_forward_pre_hook(stash)
+    module.register_forward_hook(prompt_rows)
+
+
+def quantized_hf_model(model_dir: Path, formats: dict[str, str], quantize_activations: bool = True,
+                       amx_prompt: bool = False):
     """transformers' model of `model_dir` in fp32 with each weight named in `formats` (tensor name
     -> format, as pyengine's QuantPlan.report) replaced by its quantized-then-dequantized values,
     and with `quantize_activations` each such linear layer's input passed through the 8-bit
     activation blocks pyengine's kernels multiply with: the same math as pyengine's quantized
-    forward, in another order of fp32 additions."""
+    forward, in another order of fp32 additions.
+
+    `amx_prompt`: the math of an engine whose kernels have their AMX path (16 rows of x or more,
+    where pyengine.cpu_info().amx) and that prefills its prompts in one step of 16 tokens or more
+    but decodes fewer than 16 sequences at a time: the linear layers but the output projection
+    compute the prompt's positions with bf16 inputs and weights, everything else as above. The
+    caller sets `model.prompt_state["len"]` before each forward (quantized_teacher_forced_gaps
+    does)."""
     from pyengine.quant import QuantizedWeight, quant_format
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     params = dict(model.named_parameters())
+    model.prompt_state = {"len": 0}
     with torch.no_grad():
         for name, fmt in formats.items():
             if fmt.startswith("kept"):
@@ -137,7 +172,9 @@ def quantized_hf_model(model_dir: Path, formats: dict[str, str], quantize_activa
             p = params[name]
             p.copy_(QuantizedWeight.quantize(p.detach(), fmt).dequantize())
             module = model.get_submodule(name.rsplit(".", 1)[0])
-            if quantize_activations and isinstance(module, torch.nn.Linear):
+            if amx_prompt and isinstance(module, torch.nn.Linear) and module is not model.lm_head:
+                _amx_prompt_rows(module, model.prompt_state, 32 if quant_format(fmt).block_elems == 32 else 256)
+            elif quantize_activations and isinstance(module, torch.nn.Linear):
                 block = 32 if quant_format(fmt).block_elems == 32 else 256
                 module.register_forward_pre_hook(lambda m, args, block=block: (_fake_quantize(args[0], block),))
         if model.config.tie_word_embeddings and "lm_head.weight" not in formats:
@@ -156,6 +193,9 @@ def quantized_teacher_forced_gaps(reference, float_activations, prompt: list[int
     noise[i] = how far quantizing the activations moves that position's logits, max_j
     |reference logit_j - float_activations logit_j|, relative to the same scale."""
     ids = torch.tensor([prompt + generated])
+    for m in (reference, float_activations):
+        if hasattr(m, "prompt_state"):
+            m.prompt_state["len"] = len(prompt)  # (read by amx_prompt models)
     with torch.inference_mode():
         ref = reference(ids).logits[0, len(prompt) - 1: -1].double()
         flt = float_activations(ids).logits[0, len(prompt) - 1: -1].double()

@@ -15,12 +15,15 @@ from pyengine import cpu_info
 from pyengine.layers.cpu_features import CPU_ISA_LEVELS, set_cpu_isa
 
 
-def run_python(code: str, env_isa: str | None, env_vnni: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYENGINE_CPU_ISA", "PYENGINE_CPU_VNNI")}
+def run_python(code: str, env_isa: str | None, env_vnni: str | None = None,
+               env_amx: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYENGINE_CPU_ISA", "PYENGINE_CPU_VNNI", "PYENGINE_CPU_AMX")}
     if env_isa is not None:
         env["PYENGINE_CPU_ISA"] = env_isa
     if env_vnni is not None:
         env["PYENGINE_CPU_VNNI"] = env_vnni
+    if env_amx is not None:
+        env["PYENGINE_CPU_AMX"] = env_amx
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -85,6 +88,42 @@ def test_set_cpu_vnni_returns_the_previous_setting():
         assert bool(cpu_info().vnni) == (_core._cpu_vnni_flag(_core._cpu_isa()) in _core._cpu_feature_flags())
     finally:
         set_cpu_vnni(previous)
+
+
+def test_amx_is_used_at_avx512_where_the_cpu_and_the_os_have_it():
+    """The quantized kernels' AMX path: only at level avx512, only with amx_tile, amx_bf16 and
+    avx512_bf16 (and Linux's grant of the tile state, which a kernel from 5.16 on gives), off with
+    PYENGINE_CPU_AMX=0."""
+    code = ("import pyengine, pyengine.core._core as c\n"
+            "for lvl in c._supported_cpu_isas():\n"
+            "    c._set_cpu_isa(lvl); print(lvl, pyengine.cpu_info().amx or '-')\n")
+    flags = set(_core._cpu_feature_flags())
+    has = {"amx_tile", "amx_bf16", "avx512_bf16"} <= flags
+    expected = {"generic": "-", "avx2": "-", "avx512": "amx_bf16" if has else "-", "neon": "-"}
+    for env, want in ((None, expected), ("1", expected), ("0", dict.fromkeys(expected, "-"))):
+        done = run_python(code, None, None, env)
+        assert done.returncode == 0, done.stderr
+        got = dict(line.split() for line in done.stdout.splitlines())
+        assert got == {lvl: want[lvl] for lvl in got}, (env, got)
+
+
+def test_set_cpu_amx_returns_the_previous_setting():
+    from pyengine.layers.cpu_features import set_cpu_amx
+    previous = set_cpu_amx(False)
+    try:
+        assert cpu_info().amx == "" and not _core._cpu_amx()
+        assert set_cpu_amx(True) is False
+        assert bool(cpu_info().amx) == _core._cpu_amx()
+        assert ("amx_bf16" in str(cpu_info())) == _core._cpu_amx()
+    finally:
+        set_cpu_amx(previous)
+
+
+def test_a_bad_amx_value_fails_like_a_bad_vnni_value():
+    done = run_python("import pyengine\ntry:\n    pyengine.cpu_info()\nexcept ValueError as e:\n    print(e)\n",
+                      None, None, "on")
+    assert done.returncode == 0, done.stderr
+    assert "PYENGINE_CPU_AMX=on: must be 0 (off) or 1 (on where the CPU has it)" in done.stdout, done.stdout
 
 
 def test_a_bad_vnni_value_fails_engine_start_up(llama_dir):

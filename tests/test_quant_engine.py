@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hf_reference import MAX_FLIP_FRACTION, quantized_hf_model, quantized_teacher_forced_gaps
+import pyengine.core._core as _core
 from pyengine import Engine, KvCacheConfig, SamplingParams, StartupError
 from pyengine.quant import QuantizedWeight
 
@@ -42,9 +43,11 @@ def check_greedy_against_reference(engine: Engine, model_dir) -> None:
     activation blocks: the two differ only in the order of fp32 additions, which can move an
     activation across a rounding boundary of its 8-bit grid. A token may therefore differ from the
     reference's argmax only where the gap is within what the activation quantization as a whole
-    moves the logits at that position (bugs move them by far more), and rarely."""
+    moves the logits at that position (bugs move them by far more), and rarely. Where the kernels
+    have their AMX path, the reference computes the prompts as it does (8 prompts prefilled in one
+    step, then 8 rows a decode step: under the path's 16)."""
     report = engine._parts.quant_plan.report
-    reference = quantized_hf_model(model_dir, report)
+    reference = quantized_hf_model(model_dir, report, amx_prompt=_core._cpu_amx())
     float_acts = quantized_hf_model(model_dir, report, quantize_activations=False)
     ps = prompts(8)
     results = engine.generate(ps, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)

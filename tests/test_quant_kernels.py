@@ -136,8 +136,15 @@ def test_quantization_error_is_that_of_the_format(fmt, max_rel_rmse):
 
 # ---- the linear layer ----
 
+def takes_amx(q: QuantizedWeight, m: int) -> bool:
+    """Whether linear_quant multiplies q (one row group) with m rows of x on its AMX path."""
+    return _core._cpu_amx() and m >= _core.QUANT_AMX_MIN_ROWS and q.layouts[0].endswith("x8")
+
+
 def check_linear(q: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     y = q.linear(x, bias)
+    if takes_amx(q, x.shape[0]):
+        return check_amx_linear(q, x, bias, y)
     fmt = q.plain().parts[0][0]
     block = 32 if fmt.block_elems == 32 else 256
     qx = quantize_activations(x, block)
@@ -151,6 +158,22 @@ def check_linear(q: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None 
         terms += 2 * np.abs(qx) @ q4_k_offsets(q.plain().parts[0][1].numpy(), q.k).T  # |d sc q| <= |w| + |off|
     nb = q.k // block
     gamma = (nb + 6) * U / (1 - (nb + 6) * U)
+    err = np.abs(y.double().numpy() - exact)
+    assert (err <= gamma * terms).all(), f"max excess {(err - gamma * terms).max()}"
+    return y
+
+
+def check_amx_linear(q: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+    """The AMX path: x and the dequantized weights (each computed by one fused multiply-add, as
+    the fp32 dequantization does) rounded to bf16 (nearest even), their products exact in fp32,
+    then K fp32 additions and the bias's: only the additions' rounding separates y from the fp64
+    product of the rounded values."""
+    xb = x.bfloat16().double().numpy()
+    wb = q.dequantize().bfloat16().double().numpy()
+    b = np.zeros(q.n) if bias is None else bias.double().numpy()
+    exact = xb @ wb.T + b
+    terms = np.abs(xb) @ np.abs(wb).T + np.abs(b)
+    gamma = (q.k + 2) * U / (1 - (q.k + 2) * U)
     err = np.abs(y.double().numpy() - exact)
     assert (err <= gamma * terms).all(), f"max excess {(err - gamma * terms).max()}"
     return y
@@ -183,9 +206,16 @@ def test_interleaved_linear_matches_fp64_reference_at_every_row_count(fmt, quant
     x[3, 100] = 50.0
     bias = torch.randn(n, generator=g)
     full = check_linear(q, x, bias)
-    for m in (1, 2, 3, 4, 5, 7, 8, 13):
+    amx = takes_amx(q, x.shape[0])  # then 1-15 rows take the 8-bit path, 16 and more AMX
+    for m in (1, 2, 3, 4, 5, 7, 8, 13, 15, 16, 17, 31, 33, 48, 63):
         part = check_linear(q, x[:m].clone(), bias)
+        if amx and not takes_amx(q, m):
+            continue
         assert torch.equal(part, full[:m]), f"M={m}"
+    if amx:  # the 8-bit path's own batch invariance, below the AMX path's rows
+        few = check_linear(q, x[:15].clone(), bias)
+        for m in (1, 4, 13):
+            assert torch.equal(check_linear(q, x[:m].clone(), bias), few[:m]), f"M={m}"
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

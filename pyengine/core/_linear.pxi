@@ -35,6 +35,8 @@ cdef extern from "pyengine/cpu_isa.h" namespace "pyengine":
     const char* cpu_vnni_flag(CpuIsa isa)
     bint cpu_vnni() except +
     bint set_cpu_vnni(bint enabled)
+    bint cpu_amx() except +
+    bint set_cpu_amx(bint enabled)
     # (const references in C++: declared by value, so Cython copies them)
     vector[string] cpu_feature_flags()
     string cpu_model_name()
@@ -119,6 +121,18 @@ def _set_cpu_vnni(bint enabled) -> bool:
     """Turns VNNI off, or back on where the level and the CPU have it; returns the previous
     setting."""
     return set_cpu_vnni(enabled)
+
+
+def _cpu_amx() -> bool:
+    """Whether the quantized kernels use AMX-BF16 for batches of x now (level avx512, the CPU
+    has it, Linux granted the tile state, and neither PYENGINE_CPU_AMX=0 nor _set_cpu_amx(False)
+    turned it off)."""
+    return cpu_amx()
+
+
+def _set_cpu_amx(bint enabled) -> bool:
+    """Turns AMX off, or back on where the CPU has it; returns the previous setting."""
+    return set_cpu_amx(enabled)
 
 
 def _set_cpu_isa(str name):

@@ -7,6 +7,7 @@ from libc.stdint cimport int32_t, int64_t, uintptr_t
 cdef extern from "pyengine/cpu_quant.h" namespace "pyengine::kernels" nogil:
     cdef enum class QuantType(int32_t):
         pass
+    const int32_t kQuantAmxMinRows
     cdef struct QuantFormat:
         const char* name
         int32_t block_elems
@@ -29,6 +30,9 @@ cdef extern from "pyengine/cpu_quant.h" namespace "pyengine::kernels" nogil:
                       const void* weight, QuantType type, int32_t N, int32_t K,
                       const float* bias, int32_t num_threads) except +
 
+
+# rows of x from which linear_quant multiplies interleaved layouts with AMX (where _cpu_amx())
+QUANT_AMX_MIN_ROWS = kQuantAmxMinRows
 
 def _quant_format(int32_t type_id) -> tuple:
     """(name, block_elems, block_bytes) of a GGML type id. Raises ValueError for an unknown id."""

@@ -370,7 +370,7 @@ class Engine:
                 "num_seq_slots": self.config.num_seq_slots, "max_seq_len": self.max_seq_len,
                 "device": str(self.device), "cuda_graph_batch_sizes": list(p.graph_sizes),
                 "cpu_kernels": {"isa": info.isa, "reason": info.reason, "supported": list(info.supported),
-                                "vnni": info.vnni},
+                                "vnni": info.vnni, "amx": info.amx},
                 "cpu_one_call_decode_max_rows": 0 if one_call is None else one_call.max_rows,
                 "generation_config": p.generation.as_dict(),
                 "step_cost_model": self.step_cost_model(), "draft_model": self._draft_model_report(),

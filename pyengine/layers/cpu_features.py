@@ -94,6 +94,11 @@ class CpuInfo:
         avx512), or "" where they use none: the level has none, the CPU lacks it, or
         PYENGINE_CPU_VNNI=0 / set_cpu_vnni(False) turned it off. Results are the same bits either
         way; only the speed differs.
+    amx: "amx_bf16" where the quantized kernels multiply batches of 16 rows or more with AMX (the
+        weights dequantized to bf16 a tile at a time, the activations rounded to bf16: other
+        results than the 8-bit path's, within the same error bounds), else "": the level is not
+        avx512, the CPU or the OS lacks it, or PYENGINE_CPU_AMX=0 / set_cpu_amx(False) turned it
+        off.
     """
 
     isa: str
@@ -103,10 +108,12 @@ class CpuInfo:
     flags: tuple[str, ...]
     native_bf16_matmul: bool
     vnni: str = ""
+    amx: str = ""
 
     def __str__(self) -> str:
         return (f"{self.model}: CPU kernels at {self.isa} ({self.reason}; supported: "
-                f"{', '.join(self.supported)}; quantized kernels with {self.vnni or 'no VNNI'}; "
+                f"{', '.join(self.supported)}; quantized kernels with {self.vnni or 'no VNNI'}"
+                f"{', ' + self.amx if self.amx else ''}; "
                 f"flags: {' '.join(self.flags) or 'none'})")
 
 
@@ -118,7 +125,8 @@ def cpu_info() -> CpuInfo:
     return CpuInfo(isa=isa, reason=_core._cpu_isa_reason(), supported=tuple(_core._supported_cpu_isas()),
                    model=cpu_model(), flags=tuple(f for f in _REPORTED_FLAGS if f in flags),
                    native_bf16_matmul=native_bf16_matmul(),
-                   vnni=_core._cpu_vnni_flag(isa) if _core._cpu_vnni() else "")
+                   vnni=_core._cpu_vnni_flag(isa) if _core._cpu_vnni() else "",
+                   amx="amx_bf16" if _core._cpu_amx() else "")
 
 
 def set_cpu_isa(level: str) -> None:
@@ -136,3 +144,10 @@ def set_cpu_vnni(enabled: bool) -> bool:
     CPU have it (True), in the whole process; returns the previous setting. The results are the
     same bits either way (for measuring, and for tests of both code paths)."""
     return bool(_core._set_cpu_vnni(bool(enabled)))
+
+
+def set_cpu_amx(enabled: bool) -> bool:
+    """Turns the quantized kernels' AMX path off (False) or back on where the CPU has it (True),
+    in the whole process; returns the previous setting. Unlike VNNI this changes results (bf16
+    activations for batches of 16 rows or more, instead of 8-bit blocks)."""
+    return bool(_core._set_cpu_amx(bool(enabled)))

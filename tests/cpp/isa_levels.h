@@ -27,10 +27,12 @@ void at_every_level_logged(F&& body) {
 }
 
 // at_every_level, and again with VNNI at each level whose VNNI this CPU has ("avx512+vnni"):
-// for the quantized kernels, the only ones that use it. VNNI is back to its previous state after.
+// for the quantized kernels, the only ones that use it; their 8-bit paths, with AMX off (its
+// path has tests of its own). VNNI and AMX are back to their previous states after.
 template <typename F>
 void at_every_level_and_vnni(F&& f) {
   const bool previous = pyengine::set_cpu_vnni(false);
+  const bool previous_amx = pyengine::set_cpu_amx(false);
   at_every_level([&](const char* level) {
     pyengine::set_cpu_vnni(false);
     f(level);
@@ -38,4 +40,5 @@ void at_every_level_and_vnni(F&& f) {
     if (pyengine::cpu_vnni()) f((std::string(level) + "+vnni").c_str());
   });
   pyengine::set_cpu_vnni(previous);
+  pyengine::set_cpu_amx(previous_amx);
 }

@@ -205,6 +205,7 @@ TEST(no_read_past_the_last_weight_row) {
 TEST(vnni_gives_the_same_bits) {
   bool ran = false;
   const bool previous = pyengine::set_cpu_vnni(true);
+  const bool previous_amx = pyengine::set_cpu_amx(false);  // M = 33 would take the AMX path
   at_every_level([&](const char* level) {
     pyengine::set_cpu_vnni(true);
     if (!pyengine::cpu_vnni()) return;  // this level has no VNNI, or this CPU lacks it
@@ -232,7 +233,94 @@ TEST(vnni_gives_the_same_bits) {
       }
   });
   pyengine::set_cpu_vnni(previous);
+  pyengine::set_cpu_amx(previous_amx);
   if (!ran) std::cout << "  SKIPPED: this CPU has neither AVX-VNNI nor AVX512-VNNI\n";
+}
+
+// fp32 -> bf16 -> fp32, rounding to nearest even (finite values), as the AMX path rounds x and the
+// dequantized weights.
+float bf16_round(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The AMX path (M >= kQuantAmxMinRows, interleaved layouts, at avx512 on a CPU with AMX-BF16):
+// against the fp64 product of x and the weights rounded to bf16 (the tile unit's products are
+// exact in fp32; only its K additions and the bias's round), into a column range of a wider
+// output (the columns around it untouched), with the x rows split over several passes (K = 3072),
+// batch invariance among row counts that take the path, and no read past the last weight row.
+TEST(amx_path_matches_the_bf16_reference) {
+  const pyengine::CpuIsa previous_isa = pyengine::cpu_isa();
+  const bool previous = pyengine::set_cpu_amx(true);
+  bool avx512 = false;
+  for (pyengine::CpuIsa l : pyengine::supported_cpu_isas()) avx512 = avx512 || l == pyengine::CpuIsa::kAvx512;
+  if (avx512) pyengine::set_cpu_isa(pyengine::CpuIsa::kAvx512);
+  if (!pyengine::cpu_amx()) {
+    std::cout << "  SKIPPED: this CPU (or the OS) lacks AMX-BF16\n";
+  } else {
+    std::mt19937 rng(8);
+    struct Shape {
+      int32_t M, N, K;
+    };
+    for (QuantType t : kInterleavable)
+      for (const Shape s : {Shape{16, 8, 256}, Shape{17, 24, 768}, Shape{33, 40, 512}, Shape{170, 64, 3072}}) {
+        const Quantized q = quantize(t, gaussian(rng, static_cast<size_t>(s.N) * s.K), s.N, s.K);
+        const std::vector<uint8_t> w = interleaved(t, q, s.N, s.K);
+        std::vector<float> x = gaussian(rng, static_cast<size_t>(s.M) * s.K);
+        for (size_t i = 0; i < x.size(); i += 101) x[i] *= 300.0f;
+        const std::vector<float> bias = gaussian(rng, s.N);
+        const int64_t ldy = s.N + 5;  // columns 2 .. N + 1 of a wider output
+        std::vector<float> y(static_cast<size_t>(s.M) * ldy, -7.0f);
+        linear_quant(y.data() + 2, ldy, x.data(), s.K, s.M, w.data(), interleaved_type(t), s.N, s.K, bias.data(), 2);
+        const double u = std::ldexp(1.0, -24), gamma = (s.K + 2) * u / (1 - (s.K + 2) * u);
+        for (int32_t m = 0; m < s.M; ++m) {
+          for (int64_t c = 0; c < ldy; ++c)
+            if (c < 2 || c >= s.N + 2) CHECK(y[m * ldy + c] == -7.0f);
+          for (int32_t n = 0; n < s.N; ++n) {
+            double exact = bias[n], terms = std::fabs(bias[n]);
+            for (int32_t k = 0; k < s.K; ++k) {
+              const double p = static_cast<double>(bf16_round(x[m * s.K + k])) * bf16_round(q.values[n * s.K + k]);
+              exact += p;
+              terms += std::fabs(p);
+            }
+            const double err = std::fabs(y[m * ldy + 2 + n] - exact);
+            if (!(err <= gamma * terms))
+              test::fail(__FILE__, __LINE__, std::string("amx ") + quant_format(interleaved_type(t)).name +
+                                                 " M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
+                                                 ": error " + std::to_string(err) + " > bound " +
+                                                 std::to_string(gamma * terms));
+          }
+        }
+        // the first 16 rows alone: the same bits
+        std::vector<float> y16(static_cast<size_t>(16) * s.N);
+        linear_quant(y16.data(), s.N, x.data(), s.K, 16, w.data(), interleaved_type(t), s.N, s.K, bias.data(), 2);
+        for (int32_t m = 0; m < 16; ++m)
+          CHECK(std::memcmp(y16.data() + m * s.N, y.data() + m * ldy + 2, sizeof(float) * s.N) == 0);
+      }
+    // the weights end exactly at a PROT_NONE page
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    void* mem = mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(mem != MAP_FAILED);
+    CHECK_EQ(mprotect(static_cast<char*>(mem) + 3 * page, page, PROT_NONE), 0);
+    for (QuantType t : kInterleavable) {
+      const int32_t N = 8, K = 512, M = 20;
+      const Quantized q = quantize(t, gaussian(rng, static_cast<size_t>(N) * K), N, K);
+      const std::vector<uint8_t> x8 = interleaved(t, q, N, K);
+      uint8_t* at = static_cast<uint8_t*>(mem) + 3 * page - x8.size();
+      std::memcpy(at, x8.data(), x8.size());
+      const std::vector<float> x = gaussian(rng, static_cast<size_t>(M) * K);
+      std::vector<float> y(static_cast<size_t>(M) * N), ref(y.size());
+      linear_quant(y.data(), N, x.data(), K, M, at, interleaved_type(t), N, K, nullptr, 2);
+      linear_quant(ref.data(), N, x.data(), K, M, x8.data(), interleaved_type(t), N, K, nullptr, 2);
+      CHECK(y == ref);
+    }
+    munmap(mem, 4 * page);
+  }
+  pyengine::set_cpu_isa(previous_isa);
+  pyengine::set_cpu_amx(previous);
 }
 
 TEST(argument_errors_name_the_argument) {

@@ -63,6 +63,20 @@ bool cpu_vnni();
 // threads.
 bool set_cpu_vnni(bool enabled);
 
+// AMX-BF16 (tile multiplies of bf16 pairs with fp32 sums), which the quantized linear kernel uses
+// at level avx512 for batches of 16 rows of x or more (prompts, batched decoding): the weights
+// dequantized to bf16 a tile at a time, x rounded to bf16 (pyengine/cpu_quant.h: linear_quant).
+// Unlike VNNI it changes results (bf16 activations instead of 8-bit blocks), within the same
+// error bounds. In use where the level is avx512, the CPU has amx_tile, amx_bf16 and avx512_bf16
+// and Linux grants the process the tile state, unless the PYENGINE_CPU_AMX environment variable
+// is "0" (any value other than "0" and "1" makes cpu_isa(), set_cpu_isa() and every kernel call
+// throw, naming it) or set_cpu_amx(false) turned it off.
+bool cpu_amx();
+
+// Turns AMX off (false) or back on where the CPU has it (true), for all threads, and returns the
+// previous setting; not meant to be called while kernels run on other threads.
+bool set_cpu_amx(bool enabled);
+
 // The CPU features that matter to the kernels, named as Linux's /proc/cpuinfo names them, in this
 // order -- x86-64: sse4_2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_bf16
 // avx512_vnni avx_vnni amx_tile amx_bf16 (from cpuid; AVX, AVX-512 and AMX features only when the OS saves

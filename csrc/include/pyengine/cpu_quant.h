@@ -109,11 +109,19 @@ void dequantize_gather(QuantType type, const void* src, int64_t num_rows, int64_
 // The same bytes at every instruction-set level.
 void quantize_activation_blocks(const float* x, int64_t ldx, int32_t M, int32_t K, int32_t block, void* out);
 
+// Rows of x from which linear_quant multiplies an interleaved layout with AMX-BF16 where
+// pyengine::cpu_amx() says so (pyengine/cpu_isa.h).
+constexpr int32_t kQuantAmxMinRows = 16;
+
 // y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]) for a quantized W [N, K] (type `type`), fp32 x
 // [M, K] (rows `ldx` floats apart) and y [M, N] (rows `ldy` floats apart, so one call can fill
 // a column range of a wider output; N a multiple of 8 for an interleaved layout). Any M >= 1: the weights are read once, in tiles reused
 // from cache for all rows of x. Threads over output columns (`num_threads` <= 0: OpenMP's
 // default), with the compute code of the active instruction-set level (pyengine/cpu_isa.h).
+// With AMX (M >= kQuantAmxMinRows, an interleaved layout, cpu_amx()): the weights dequantized to
+// bf16 a tile at a time (in cache; no copy of the matrix), x rounded to bf16 (round to nearest
+// even), the products summed in fp32 by the tile unit. Either way a row's result depends only on
+// its own row of x (batch invariance) within each of the two ranges of M.
 void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M, const void* weight,
                   QuantType type, int32_t N, int32_t K, const float* bias, int32_t num_threads);
 

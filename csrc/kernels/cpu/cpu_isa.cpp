@@ -1,6 +1,8 @@
 // Run-time instruction-set level of the CPU kernels: see pyengine/cpu_isa.h.
 #include "pyengine/cpu_isa.h"
 
+#include "linear_quant_amx.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -48,21 +50,30 @@ std::string reason;
 std::string error;
 std::atomic<int32_t> level{-1};
 std::atomic<bool> vnni_on{true};  // PYENGINE_CPU_VNNI / set_cpu_vnni; used only where present
-bool vnni_env_bad = false;         // `error` is PYENGINE_CPU_VNNI's: set_cpu_isa() cannot clear it
+bool vnni_env_bad = false;  // `error` is PYENGINE_CPU_VNNI's or _AMX's: set_cpu_isa() cannot clear it
+std::atomic<bool> amx_on{true};    // PYENGINE_CPU_AMX / set_cpu_amx; used only where present
+
+// Reads a 0/1 switch from the environment into `on`; false (and `error` set) for another value.
+bool read_switch(const char* name, const char* meaning, std::atomic<bool>& on) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || env[0] == '\0') return true;
+  const std::string v(env);
+  if (v != "0" && v != "1") {
+    error = std::string(name) + "=" + v + ": must be 0 (off) or 1 (" + meaning + ")";
+    return false;
+  }
+  on.store(v == "1");
+  return true;
+}
 
 void decide_locked() {
   if (decided) return;
   decided = true;
   const std::vector<CpuIsa> have = supported_cpu_isas();
-  const char* vnni_env = std::getenv("PYENGINE_CPU_VNNI");
-  if (vnni_env != nullptr && vnni_env[0] != '\0') {
-    const std::string v(vnni_env);
-    if (v != "0" && v != "1") {
-      error = "PYENGINE_CPU_VNNI=" + v + ": must be 0 (off) or 1 (on where the CPU has it)";
-      vnni_env_bad = true;
-      return;
-    }
-    vnni_on.store(v == "1");
+  if (!read_switch("PYENGINE_CPU_VNNI", "on where the CPU has it", vnni_on) ||
+      !read_switch("PYENGINE_CPU_AMX", "on where the CPU has it", amx_on)) {
+    vnni_env_bad = true;
+    return;
   }
   const char* env = std::getenv("PYENGINE_CPU_ISA");
   if (env != nullptr && env[0] != '\0') {
@@ -133,7 +144,7 @@ void set_cpu_isa(CpuIsa isa) {
     throw std::invalid_argument(std::string("set_cpu_isa: this CPU does not support ") +
                                 cpu_isa_name(isa) + "; this CPU has " + level_list(supported_cpu_isas()));
   std::lock_guard<std::mutex> lock(mu);
-  decide_locked();  // reads PYENGINE_CPU_VNNI even when this is the process's first call
+  decide_locked();  // reads PYENGINE_CPU_VNNI and _AMX even when this is the process's first call
   if (vnni_env_bad) throw std::invalid_argument(error);
   error.clear();
   reason = "set_cpu_isa()";
@@ -161,6 +172,20 @@ bool set_cpu_vnni(bool enabled) {
   std::lock_guard<std::mutex> lock(mu);
   decide_locked();
   return vnni_on.exchange(enabled);
+}
+
+bool cpu_amx() {
+  const CpuIsa isa = cpu_isa();  // decides (and reads PYENGINE_CPU_AMX) on the first call
+  if (isa != CpuIsa::kAvx512 || !amx_on.load(std::memory_order_relaxed)) return false;
+  static const bool have = cpu_has_feature("amx_tile") && cpu_has_feature("amx_bf16") &&
+                           cpu_has_feature("avx512_bf16") && kernels::cpu::amx_permitted();
+  return have;
+}
+
+bool set_cpu_amx(bool enabled) {
+  std::lock_guard<std::mutex> lock(mu);
+  decide_locked();
+  return amx_on.exchange(enabled);
 }
 
 }  // namespace pyengine

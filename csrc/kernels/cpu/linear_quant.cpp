@@ -11,6 +11,7 @@
 
 #include "column_split.h"
 #include "isa_target.h"
+#include "linear_quant_amx.h"
 #include "linear_quant_common.h"
 #include "pyengine/cpu_quant.h"
 
@@ -72,6 +73,10 @@ void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M,
   const bool vnni = cpu_vnni();
 
   const int nt_max = cpu::resolve_threads(num_threads);
+  if (M >= kQuantAmxMinRows && cpu::amx_supports(type) && cpu_amx()) {
+    cpu::linear_quant_amx(y, ldy, x, ldx, M, static_cast<const uint8_t*>(weight), wrow, type, N, K, bias, nt_max);
+    return;
+  }
   // x -> 8-bit blocks once; reused across calls by the calling thread.
   static thread_local std::vector<uint8_t> xq;
   const int32_t act = cpu::act_block_elems(type);
