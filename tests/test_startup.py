@@ -32,7 +32,7 @@ def test_report_lists_every_phase(llama_dir):
     assert cap["source"] == "estimated" and cap["rss_peak"] >= cap["rss_before"] > 0
     info = cpu_info()
     assert report["cpu_kernels"] == {"isa": info.isa, "reason": info.reason, "supported": list(info.supported),
-                                     "vnni": info.vnni}
+                                     "vnni": info.vnni, "amx": info.amx}
     assert report["cpu_one_call_decode_max_rows"] == 16  # fp32: linear_f32 up to FAST_FP32_MAX_ROWS rows
 
 
