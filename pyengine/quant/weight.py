@@ -220,8 +220,8 @@ class QuantizedWeight:
                out: torch.Tensor | None = None) -> torch.Tensor:
         """``x[M, K] @ W.T (+ bias)``. On the CPU in fp32 (x is quantized to 8 bits per block on
         the fly; from 16 rows of x on, where cpu_info().amx, interleaved layouts multiply on AMX
-        with x and the weights rounded to bf16); on a GPU in x's dtype (float32, bfloat16 or float16), the weights dequantized on
-        the fly and the sums in fp32."""
+        with x and the weights rounded to bf16); on a GPU in x's dtype (float32, bfloat16 or
+        float16), the weights dequantized on the fly and the sums in fp32."""
         if x.dim() != 2 or x.shape[1] != self.k:
             raise ValueError(f"x: expected shape [M, {self.k}], got {tuple(x.shape)}")
         if self.device.type == "cuda":

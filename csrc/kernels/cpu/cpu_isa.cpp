@@ -50,7 +50,7 @@ std::string reason;
 std::string error;
 std::atomic<int32_t> level{-1};
 std::atomic<bool> vnni_on{true};  // PYENGINE_CPU_VNNI / set_cpu_vnni; used only where present
-bool vnni_env_bad = false;  // `error` is PYENGINE_CPU_VNNI's or _AMX's: set_cpu_isa() cannot clear it
+bool switch_env_bad = false;  // `error` is PYENGINE_CPU_VNNI's or _AMX's: set_cpu_isa() cannot clear it
 std::atomic<bool> amx_on{true};    // PYENGINE_CPU_AMX / set_cpu_amx; used only where present
 
 // Reads a 0/1 switch from the environment into `on`; false (and `error` set) for another value.
@@ -72,7 +72,7 @@ void decide_locked() {
   const std::vector<CpuIsa> have = supported_cpu_isas();
   if (!read_switch("PYENGINE_CPU_VNNI", "on where the CPU has it", vnni_on) ||
       !read_switch("PYENGINE_CPU_AMX", "on where the CPU has it", amx_on)) {
-    vnni_env_bad = true;
+    switch_env_bad = true;
     return;
   }
   const char* env = std::getenv("PYENGINE_CPU_ISA");
@@ -145,7 +145,7 @@ void set_cpu_isa(CpuIsa isa) {
                                 cpu_isa_name(isa) + "; this CPU has " + level_list(supported_cpu_isas()));
   std::lock_guard<std::mutex> lock(mu);
   decide_locked();  // reads PYENGINE_CPU_VNNI and _AMX even when this is the process's first call
-  if (vnni_env_bad) throw std::invalid_argument(error);
+  if (switch_env_bad) throw std::invalid_argument(error);
   error.clear();
   reason = "set_cpu_isa()";
   level.store(static_cast<int32_t>(isa));

@@ -2,7 +2,8 @@
 // AMX-BF16: each thread dequantizes a tile of 32 weight rows into bf16 in cache, in the tile
 // layout AMX multiplies (no full-size copy of the weights is ever made), and multiplies it with x
 // rounded to bf16, the sums in fp32. Used by linear_quant (pyengine/cpu_quant.h) from
-// kQuantAmxMinRows rows of x on, for the interleaved layouts.
+// kQuantAmxMinRows rows of x on, for the interleaved layouts (below that, the 8-bit kernels cost
+// less than dequantizing the bf16 tiles).
 #pragma once
 
 #include <cstdint>
@@ -10,9 +11,6 @@
 #include "pyengine/cpu_quant.h"
 
 namespace pyengine::kernels::cpu {
-
-// (linear_quant takes this path from kQuantAmxMinRows rows of x on: below that, the 8-bit
-// kernels cost less than dequantizing the bf16 tiles.)
 
 // True for the weight types the AMX path multiplies (the interleaved layouts).
 bool amx_supports(QuantType type);
