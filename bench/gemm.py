@@ -2,8 +2,10 @@
 torch's fp32 GEMM (F.linear; for bf16, F.linear on the values converted to fp32, the path a CPU
 without bf16 instructions takes) on the linear layers of smollm-135m-shape, at prefill and
 decode-batch row counts. Alternating, best of 5 timed loops each (twice); GFLOP/s and the ratio.
+With --from-memory each call takes the next of enough copies of the weight to fill 256 MB, so the
+weights come from DRAM as in a model's forward (a 30-layer model's decode batch), not from cache.
 
-    python bench/gemm.py [--quick] [--dtype float32|bfloat16] [--rows 17,64,512]
+    python bench/gemm.py [--quick] [--dtype float32|bfloat16] [--rows 17,64,512] [--from-memory]
 
 `PYENGINE_CPU_ISA=avx2` measures the AVX2 build on an AVX-512 machine.
 """
@@ -48,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="rows 17, 64 and 512 only")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--rows", default=None, help="comma-separated row counts (default 17,32,64,128,512,2048)")
+    p.add_argument("--from-memory", action="store_true",
+                   help="cycle through 256 MB of weight copies (weights read from DRAM, not cache)")
     args = p.parse_args(argv)
     set_threads()
     dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
@@ -55,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
         ([17, 64, 512] if args.quick else [17, 32, 64, 128, 512, 2048])
     ours_fn = gemm_f32 if dtype == torch.float32 else gemm_bf16
     info = machine_info()
-    print(f"pyengine GEMM ({cpu_info().isa}) vs torch's fp32 GEMM, {args.dtype}, {BENCH_THREADS} threads, "
+    where = "weights from DRAM" if args.from_memory else "weights in cache"
+    print(f"pyengine GEMM ({cpu_info().isa}) vs torch's fp32 GEMM, {args.dtype}, {where}, {BENCH_THREADS} threads, "
           f"{info['cpu']}, torch {info['torch']}")
     print("| rows | layer | N x K | pyengine GFLOP/s | torch GFLOP/s | ratio |")
     print("|---|---|---|---|---|---|")
@@ -63,18 +68,25 @@ def main(argv: list[str] | None = None) -> None:
     for m in rows:
         for name, (n, k) in SHAPES.items():
             x = torch.randn(m, k, generator=g).to(dtype)
-            w = torch.randn(n, k, generator=g).to(dtype)
+            w0 = torch.randn(n, k, generator=g).to(dtype)
+            copies = max(2, (256 << 20) // (w0.numel() * w0.element_size())) if args.from_memory else 1
+            weights = [w0] + [w0.clone() for _ in range(copies - 1)]
+            nxt = [0]
+
+            def weight() -> torch.Tensor:
+                nxt[0] = (nxt[0] + 1) % copies
+                return weights[nxt[0]]
             out = torch.empty(m, n, dtype=dtype)
             flops = 2.0 * m * n * k
             if dtype == torch.float32:
                 def theirs():
-                    return F.linear(x, w)
+                    return F.linear(x, weight())
             else:
                 def theirs():
-                    return F.linear(x.float(), w.float()).to(torch.bfloat16)
+                    return F.linear(x.float(), weight().float()).to(torch.bfloat16)
             t_ours, t_theirs = [], []
             for _ in range(2):  # alternating
-                t_ours.append(best_time(lambda: ours_fn(x, w, out=out), flops))
+                t_ours.append(best_time(lambda: ours_fn(x, weight(), out=out), flops))
                 t_theirs.append(best_time(theirs, flops))
             a, b = min(t_ours), min(t_theirs)
             print(f"| {m} | {name} | {n} x {k} | {flops / a / 1e9:.0f} | {flops / b / 1e9:.0f} | {b / a:.2f}x |")
