@@ -87,7 +87,21 @@ def test_the_model_is_calibrated_at_start_up_and_corrected_by_steps(llama_dir):
     out = engine.generate([list(range(3, 40))], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
                           use_tqdm=False)
     assert len(out[0].token_ids) == 6
-    assert engine.step_cost_model()["steps_observed"] >= 6
+    report = engine.step_cost_model()
+    assert report["steps_observed"] >= 6 and report["budget_bound_steps"] == 0  # no budget
+    # budgeted steps: those that computed prompt tokens are budget-bound (their errors set the
+    # margin), the decode-only ones are not
+    observed = report["steps_observed"]
+    engine.add_request(list(range(3, 103)), SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    prompt_steps = steps = 0
+    while engine.has_unfinished_requests():
+        engine.step(budget_ms=1e6)
+        q = engine._runner.query_start_loc.tolist()
+        prompt_steps += q[1] - q[0] > 1
+        steps += 1
+    report = engine.step_cost_model()
+    assert prompt_steps == 2 and steps == 4  # 100 tokens in chunks of 64 and 36, then 2 decode steps
+    assert report["steps_observed"] == observed + 4 and report["budget_bound_steps"] == 2
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "5"])

@@ -1,6 +1,7 @@
 """The online correction of the step cost model (pyengine.engine.step_cost.OnlineStepCost) on
 synthetic step times: it stays anchored where the steps do not tell the coefficients apart, it
-follows a machine that changes speed, and its margin tracks the spread of the errors."""
+follows a machine that changes speed, and its margin tracks the spread of the current fit's
+errors over the steps a budget cut."""
 
 from __future__ import annotations
 
@@ -53,18 +54,25 @@ def test_the_fit_follows_a_machine_that_slows_down():
     assert online.steps == 400
 
 
-def test_the_margin_is_the_recent_quantile_of_measured_over_predicted():
+def _ratios_to_current_fit(online: OnlineStepCost, steps: list[tuple[tuple[int, int, int], float]]) -> np.ndarray:
+    return np.array([ms / online.model.predict_ms(*shape) for shape, ms in steps])
+
+
+def test_the_margin_is_the_recent_quantile_of_measured_over_the_current_fit():
     rng = np.random.default_rng(2)
     online = OnlineStepCost(TRUE)
-    ratios = []
-    for i in range(100):
+    steps = []
+    for i in range(150):
         shape = decode_step(rng)
         ms = TRUE.predict_ms(*shape) * (1.0 + 0.3 * rng.random())  # 0-30 % over the truth
-        ratios.append(ms / online.model.predict_ms(*shape))
+        steps.append((shape, ms))
         online.observe(*shape, ms)
         if i < 15:
-            assert online.margin == 1.0  # too few ratios yet
-    assert online.margin == pytest.approx(np.quantile(ratios, 0.9), rel=1e-6)
+            assert online.margin == 1.0  # too few steps yet
+    # the last 100 steps' ratios, each against the fit as it is now
+    expected = np.quantile(_ratios_to_current_fit(online, steps[-100:]), 0.9)
+    assert expected > 1.05
+    assert online.margin == pytest.approx(expected, rel=1e-9)
     scheduled, model = online.scheduled, online.model
     assert scheduled.fixed_ms == pytest.approx(model.fixed_ms * online.margin)
     assert scheduled.per_token_ms == pytest.approx(model.per_token_ms * online.margin)
@@ -73,6 +81,39 @@ def test_the_margin_is_the_recent_quantile_of_measured_over_predicted():
         shape = decode_step(rng)
         online.observe(*shape, TRUE.predict_ms(*shape) * 0.5)
     assert online.margin == 1.0
+
+
+def test_the_margin_comes_from_the_budget_bound_steps_once_there_are_enough():
+    # Unbudgeted steps that the linear model fits badly (0-40 % over it), then budget-bound ones
+    # it fits within 1 %: from the 16th budget-bound step on, only those set the margin.
+    rng = np.random.default_rng(5)
+    online = OnlineStepCost(TRUE)
+    everything, bound = [], []
+    for _ in range(100):
+        shape = decode_step(rng)
+        ms = TRUE.predict_ms(*shape) * (1.0 + 0.4 * rng.random())
+        everything.append((shape, ms))
+        online.observe(*shape, ms)
+    wide = online.margin
+    assert wide > 1.1
+    for i in range(40):
+        shape = prefill_step(rng)
+        ms = TRUE.predict_ms(*shape) * rng.uniform(0.99, 1.01)
+        everything.append((shape, ms))
+        bound.append((shape, ms))
+        online.observe(*shape, ms, budget_bound=True)
+        window = bound if len(bound) >= 16 else everything[-100:]
+        assert online.margin == pytest.approx(max(1.0, np.quantile(_ratios_to_current_fit(online, window), 0.9)),
+                                              rel=1e-9), i
+        if i < 15:
+            assert online.margin > 1.08  # still every step's spread
+    assert online.margin < 1.05
+    # unbudgeted steps after them leave the budget-bound window as it was
+    for _ in range(30):
+        shape = decode_step(rng)
+        online.observe(*shape, TRUE.predict_ms(*shape) * (1.0 + 0.4 * rng.random()))
+    assert online.margin == pytest.approx(max(1.0, np.quantile(_ratios_to_current_fit(online, bound), 0.9)),
+                                          rel=1e-9)
 
 
 def test_fit_keeps_every_coefficient_nonnegative():
@@ -104,7 +145,7 @@ def test_observing_only_accumulates_and_the_fit_solved_on_demand_is_the_same():
     assert not lazy.changed
     assert lazy.model.predict_ms(1, 256, 256 * 257 // 2) == pytest.approx(
         1.5 * TRUE.predict_ms(1, 256, 256 * 257 // 2), rel=0.05)
-    # the margin of the lazy fit: its ratios were taken against the start-up model (never
-    # re-solved while observing), which these 1.5x slower steps overrun by 1.5 x U(0.95, 1.05):
-    # the 0.9 quantile of that is 1.5 x 1.04
-    assert lazy.margin == pytest.approx(1.5 * 1.04, rel=0.01)
+    # the margin is taken against the current fit, so it does not depend on when the fit was
+    # solved either; the fit follows the 1.5x slower steps, leaving their U(0.95, 1.05) spread
+    assert lazy.margin == pytest.approx(eager.margin, rel=1e-12)
+    assert lazy.margin == pytest.approx(1.04, abs=0.02)

@@ -389,9 +389,11 @@ class Engine:
     def step_cost_model(self) -> dict[str, Any]:
         """The step cost model of time-budgeted steps: its coefficients now (the start-up fit as
         corrected by the steps measured since, unless SchedulerConfig.step_cost_model fixed
-        it), the margin the scheduler multiplies its predictions by (the recent 90th percentile
-        of measured / predicted, at least 1), the start-up coefficients, where those came from
-        ("calibrated" or "configured") and how many steps corrected it."""
+        it), the margin the scheduler multiplies its predictions by (the 90th percentile of
+        measured / predicted over the recent budget-bound steps, at least 1), the start-up
+        coefficients, where those came from ("calibrated" or "configured"), how many steps
+        corrected it and how many of those were budget-bound (a budget priced their prompt
+        chunks or drafts)."""
         online = self._loop.step_cost
         if online is None:
             fit, margin = StepCostModel(*self._bm.step_cost_model()), 1.0
@@ -399,7 +401,8 @@ class Engine:
             fit, margin = online.model, online.margin
         return {**fit.as_dict(), "margin": margin, "startup": self._parts.step_cost.as_dict(),
                 "source": "calibrated" if self._parts.step_cost_calibrated else "configured",
-                "steps_observed": 0 if online is None else online.steps}
+                "steps_observed": 0 if online is None else online.steps,
+                "budget_bound_steps": 0 if online is None else online.bound_steps}
 
     @one_thread
     def check_resources(self) -> None:

@@ -92,15 +92,23 @@ class OnlineStepCost:
     without bound (it moved the whole fixed cost into the per-sequence one, which then
     over-priced every prompt chunk). Negative coefficients are fixed at 0 and the rest refitted.
 
-    The margin: the scheduler is given the fit scaled by `margin`, the `quantile` of the last
-    `window` ratios measured / predicted (at least 1), so that steps overrun the budget about
-    as rarely as that quantile says, whatever the machine's noise (other processes, caches,
-    the allocator). `model` is the fit, `scheduled` what the batch manager takes.
+    The margin: the scheduler is given the fit scaled by `margin`, the `quantile` of the
+    ratios measured / predicted by the current fit over the last `window` steps (at least 1),
+    so that steps overrun the budget about as rarely as that quantile says, whatever the
+    machine's noise (other processes, caches, the allocator). The steps are the budget-bound
+    ones (a budget set, and prompt tokens or drafts it priced) once there are `min_ratios` of
+    them, else every step: a linear fit errs differently on a 1,500-token prefill or a
+    decode-only step than on the steps a budget cuts, and the margin only matters for those.
+    The ratios are taken against the current fit, not the one each step was priced with: while
+    the fit moves to a new regime (the first budgeted steps after unbudgeted ones) the errors
+    of the fits it left behind are not the current one's. (With every step's ratio, each
+    against the fit it was priced with, the margin stayed at 1.15-1.45 for a hundred budgeted
+    steps after an unbudgeted run, leaving a sixth of each budget unused.) `model` is the fit,
+    `scheduled` what the batch manager takes.
 
     `observe` only accumulates (a few small array updates): the fit is solved, and the margin's
     quantile taken, when they are read, so an engine that never runs a budgeted step pays almost
-    nothing per step (solving on every step cost ~0.3 ms, 3-5% of a batch-1 decode step). A
-    step's ratio is taken against the fit as last solved, i.e. the one the scheduler priced with.
+    nothing per step (solving on every step cost ~0.3 ms, 3-5% of a batch-1 decode step).
     """
 
     def __init__(self, prior: StepCostModel, forgetting: float = 0.98, prior_weight: float = 4.0,
@@ -116,22 +124,28 @@ class OnlineStepCost:
         self._solved = True
         self.forgetting = forgetting
         self.quantile, self.window, self.min_ratios = quantile, window, min_ratios
-        self._ratios: deque[float] = deque(maxlen=window)
-        self._margin: float | None = 1.0  # None: to be recomputed from the ratios
+        # the last `window` steps (regressors, measured ms), all and budget-bound ones
+        self._recent: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
+        self._recent_bound: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
+        self._margin: float | None = 1.0  # None: to be recomputed
         self.steps = 0
+        self.bound_steps = 0
 
-    def observe(self, seqs: int, tokens: int, pairs: int, ms: float) -> None:
+    def observe(self, seqs: int, tokens: int, pairs: int, ms: float, budget_bound: bool = False) -> None:
+        """One measured step; `budget_bound`: it ran under a budget that priced some of its
+        tokens (prompt chunks or drafts, not only one token per generation row)."""
         x = features(seqs, tokens, pairs)
-        predicted = float(x @ self._theta)  # the fit as last solved
-        if predicted > 0:
-            self._ratios.append(ms / predicted)
-            self._margin = None
+        self._recent.append((x, ms))
+        if budget_bound:
+            self._recent_bound.append((x, ms))
+            self.bound_steps += 1
         self._xx = self.forgetting * self._xx + np.outer(x, x)
         self._xy = self.forgetting * self._xy + x * ms
         prior_ms = float(x @ self._theta0)
         self._pp = self.forgetting * self._pp + prior_ms * prior_ms
         self._py = self.forgetting * self._py + prior_ms * ms
         self._solved = False
+        self._margin = None
         self.steps += 1
 
     @property
@@ -154,11 +168,18 @@ class OnlineStepCost:
 
     @property
     def margin(self) -> float:
-        """max(1, the quantile of the recent measured / predicted ratios); 1 until there are
-        min_ratios of them."""
+        """max(1, the quantile of measured / predicted by the current fit over the recent
+        budget-bound steps, or over every recent step while fewer than min_ratios were
+        budget-bound); 1 until min_ratios steps were observed."""
         if self._margin is None:
-            enough = len(self._ratios) >= self.min_ratios
-            self._margin = max(1.0, float(np.quantile(np.array(self._ratios), self.quantile))) if enough else 1.0
+            recent = self._recent_bound if len(self._recent_bound) >= self.min_ratios else self._recent
+            self._margin = 1.0
+            if len(recent) >= self.min_ratios:
+                predicted = np.array([x for x, _ in recent]) @ self.theta
+                measured = np.array([ms for _, ms in recent])
+                ok = predicted > 0
+                if ok.any():
+                    self._margin = max(1.0, float(np.quantile(measured[ok] / predicted[ok], self.quantile)))
         return self._margin
 
     @property

@@ -122,7 +122,10 @@ class StepLoop:
             gate.deliver()  # a Ctrl-C held back during a step that then failed is not lost
             raise
         if self.step_cost is not None and self._step_batch is not None:
-            self._learn_step_cost(self._step_batch.shape, (time.perf_counter() - start) * 1e3)
+            batch = self._step_batch
+            # the budget priced what the step computed beyond one token per generation row
+            bound = budget_ms is not None and batch.shape[1] > batch.num_generation_seqs
+            self._learn_step_cost(batch.shape, (time.perf_counter() - start) * 1e3, bound)
         error, self._output_error = self._output_error, None
         if gate.held or error is not None:  # the step is complete: the next step delivers its outputs
             self._pending_outputs = outputs + self._pending_outputs
@@ -433,10 +436,10 @@ class StepLoop:
 
     # ---- timings --------------------------------------------------------------------------------
 
-    def _learn_step_cost(self, shape: tuple[int, int, int], ms: float) -> None:
+    def _learn_step_cost(self, shape: tuple[int, int, int], ms: float, budget_bound: bool) -> None:
         """One measured step corrects the cost model (the fit is solved when a budgeted step
         needs it: _price_with_current_fit)."""
-        self.step_cost.observe(*shape, ms)
+        self.step_cost.observe(*shape, ms, budget_bound)
 
     def _price_with_current_fit(self) -> None:
         """Before a budgeted schedule: the batch manager takes the fit of the steps so far."""
