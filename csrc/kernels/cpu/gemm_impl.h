@@ -16,6 +16,8 @@
 constexpr int32_t kP = kMV * Vec::L;
 // Panels computed against one widened set of weight rows: their packed x stays in L2.
 constexpr int64_t kChunkBytes = 512 * 1024;
+// The most panels of x for which the next weight rows are prefetched (columns()).
+constexpr int32_t kPrefetchPanels = 8;
 
 static inline float load_elem(const float* p, int64_t i) { return p[i]; }
 static inline float load_elem(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
@@ -94,12 +96,20 @@ static void columns(const GemmArgs& a, int32_t n0, int32_t n1, float* wide) {
   const char* next[kNB];  // the next group's weight rows, prefetched during the first panel
   for (int32_t p0 = 0; p0 < panels; p0 += chunk) {
     const int32_t p1 = std::min(panels, p0 + chunk);
+    // Prefetch where the hardware does not: rows within a page (the hardware prefetcher stops
+    // at page boundaries, and a shorter stream ends before it ramps up), for x of at most
+    // kPrefetchPanels panels (more amortize the first pass over the weights). Measured from
+    // DRAM on an Intel Xeon: 2.3 KB rows (K = 576, fp32) at 17-64 rows 25-40% faster; 6 KB rows
+    // and larger batches moved within the run-to-run spread, so they are left to the hardware.
+    const bool prefetch =
+        static_cast<int64_t>(K) * static_cast<int64_t>(sizeof(T)) <= 4096 && panels <= kPrefetchPanels;
     for (int32_t n = n0; n < n1; n += kNB) {
       const int32_t nb = std::min(kNB, n1 - n);
       for (int32_t r = 0; r < kNB; ++r) {
         const int32_t nr = n + kNB + r;
-        next[r] = nr < n1 ? reinterpret_cast<const char*>(static_cast<const T*>(a.w) + static_cast<int64_t>(nr) * K)
-                          : nullptr;
+        next[r] = prefetch && nr < n1
+                      ? reinterpret_cast<const char*>(static_cast<const T*>(a.w) + static_cast<int64_t>(nr) * K)
+                      : nullptr;
       }
       for (int32_t r = 0; r < nb; ++r) {
         const T* row = static_cast<const T*>(a.w) + static_cast<int64_t>(n + r) * K;
@@ -114,7 +124,7 @@ static void columns(const GemmArgs& a, int32_t n0, int32_t n1, float* wide) {
       for (int32_t p = p0; p < p1; ++p) {
         const int32_t rows = std::min(kP, a.M - p * kP);
         const int mv = (rows + Vec::L - 1) / Vec::L;
-        micro_upto(mv, nb, a.xp + p * panel_floats, K, wr, tile, p == p0 ? next : nullptr,
+        micro_upto(mv, nb, a.xp + p * panel_floats, K, wr, tile, prefetch && p == p0 ? next : nullptr,
                    static_cast<int32_t>(sizeof(T)));
         store_tile<T>(a, tile, p * kP, rows, n, nb);
       }
