@@ -94,22 +94,21 @@ static void columns(const GemmArgs& a, int32_t n0, int32_t n1, float* wide) {
   alignas(64) float tile[kNB * kP];
   const float* wr[kNB];
   const char* next[kNB];  // the next group's weight rows, prefetched during the first panel
+  // Prefetch where the hardware does not: rows within a page (the hardware prefetcher stops
+  // at page boundaries, and a shorter stream ends before it ramps up), for x of at most
+  // kPrefetchPanels panels (more amortize the first pass over the weights). Measured from
+  // DRAM on an Intel Xeon: 2.3 KB rows (K = 576, fp32) at 17-64 rows 25-40% faster; 6 KB rows
+  // and larger batches moved within the run-to-run spread, so they are left to the hardware.
+  const bool prefetch =
+      static_cast<int64_t>(K) * static_cast<int64_t>(sizeof(T)) <= 4096 && panels <= kPrefetchPanels;
   for (int32_t p0 = 0; p0 < panels; p0 += chunk) {
     const int32_t p1 = std::min(panels, p0 + chunk);
-    // Prefetch where the hardware does not: rows within a page (the hardware prefetcher stops
-    // at page boundaries, and a shorter stream ends before it ramps up), for x of at most
-    // kPrefetchPanels panels (more amortize the first pass over the weights). Measured from
-    // DRAM on an Intel Xeon: 2.3 KB rows (K = 576, fp32) at 17-64 rows 25-40% faster; 6 KB rows
-    // and larger batches moved within the run-to-run spread, so they are left to the hardware.
-    const bool prefetch =
-        static_cast<int64_t>(K) * static_cast<int64_t>(sizeof(T)) <= 4096 && panels <= kPrefetchPanels;
     for (int32_t n = n0; n < n1; n += kNB) {
       const int32_t nb = std::min(kNB, n1 - n);
-      for (int32_t r = 0; r < kNB; ++r) {
+      for (int32_t r = 0; prefetch && r < kNB; ++r) {
         const int32_t nr = n + kNB + r;
-        next[r] = prefetch && nr < n1
-                      ? reinterpret_cast<const char*>(static_cast<const T*>(a.w) + static_cast<int64_t>(nr) * K)
-                      : nullptr;
+        next[r] = nr < n1 ? reinterpret_cast<const char*>(static_cast<const T*>(a.w) + static_cast<int64_t>(nr) * K)
+                          : nullptr;
       }
       for (int32_t r = 0; r < nb; ++r) {
         const T* row = static_cast<const T*>(a.w) + static_cast<int64_t>(n + r) * K;
