@@ -1,6 +1,8 @@
 """Which linear-layer path a bf16 model on the CPU takes. Without bf16 instructions: the pyengine
-kernel (pyengine.layers.linear.linear_bf16) for fewer than EMULATED_BF16_MIN_ROWS (65) rows, the
-tied lm_head included; fp32 GEMMs from there on. With them (AVX512-BF16/AMX): the kernel up to
+kernel (pyengine.layers.linear.linear_bf16) for fewer than GEMM_MIN_ROWS (13) rows, the tied
+lm_head included, and pyengine's GEMM (gemm_bf16) from there on at the levels it is routed at
+(avx2, avx512; at the portable level the kernel up to EMULATED_BF16_MIN_ROWS - 1 = 64 rows, then
+torch's fp32 GEMM). With them (AVX512-BF16/AMX): the kernel up to
 NATIVE_BF16_KERNEL_MAX_ROWS rows (8; NATIVE_BF16_KERNEL_MAX_ROWS_AMX = 4 with AMX: decode, where it
 streams the weights faster than torch's bf16 GEMM), torch's bf16 GEMM above."""
 
@@ -14,7 +16,7 @@ from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
 import pyengine.layers.cpu_features as cpu_features
 from pyengine.layers.cpu_features import (EMULATED_BF16_MIN_ROWS, NATIVE_BF16_KERNEL_MAX_ROWS,
                                          NATIVE_BF16_KERNEL_MAX_ROWS_AMX, bf16_kernel_max_rows)
-from pyengine.layers.linear import MAX_ROWS
+from pyengine.layers.linear import GEMM_MIN_ROWS, MAX_ROWS, cpu_gemm_routed
 
 
 def test_kernel_takes_every_row_count_below_the_fp32_threshold():
@@ -27,27 +29,41 @@ def test_decode_linears_and_tied_lm_head_use_the_kernel(checkpoint_factory, monk
     model_dir = checkpoint_factory("qwen2_tied", model_type="qwen2", num_heads=4, num_kv_heads=1,
                                    tie_word_embeddings=True)
     calls: list[tuple[int, int, bool]] = []  # (rows, weight address, has bias)
+    gemm_rows: list[int] = []
 
     def spy(x, w, b=None, out=None):
         calls.append((x.shape[0], w.data_ptr(), b is not None))
         return real(x, w, b, out)
 
-    real = linear_layer.linear_bf16
+    def spy_gemm(x, w, b=None, out=None):
+        gemm_rows.append(x.shape[0])
+        return real_gemm(x, w, b, out)
+
+    real, real_gemm = linear_layer.linear_bf16, linear_layer.gemm_bf16
     monkeypatch.setattr(linear_layer, "linear_bf16", spy)
+    monkeypatch.setattr(linear_layer, "gemm_bf16", spy_gemm)
     engine = Engine(model_dir, dtype="bfloat16", max_seq_len=128,
                     kv_cache_config=KvCacheConfig(max_tokens=512),
                     scheduler_config=SchedulerConfig(max_batch_size=2, max_num_tokens=128))
     model = engine._runner.model
     assert model.emulate_bf16
     assert engine._runner.cpu_decode is not None
-    engine._runner.cpu_decode = None  # the Python forward's routing (the C++ one: test_cpu_decode.py)
+    engine._runner.cpu_decode = None  # the Python forward's routing (the C++ one: test_cpu_fused.py)
+    calls.clear()
+    gemm_rows.clear()
+    routed = cpu_gemm_routed()
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    out = engine.generate([list(range(1, 80)), list(range(5, 12))], params, use_tqdm=False)  # 86 rows: fp32 GEMMs
+    out = engine.generate([list(range(1, 80)), list(range(5, 12))], params, use_tqdm=False)  # 86 rows: a GEMM
     assert [len(r.token_ids) for r in out] == [4, 4]
-    out = engine.generate([list(range(100, 129)), list(range(200, 207))], params, use_tqdm=False)  # 36 rows: the kernel
+    out = engine.generate([list(range(100, 129)), list(range(200, 207))], params, use_tqdm=False)  # 36 rows
     assert [len(r.token_ids) for r in out] == [4, 4]
-    assert calls and all(1 <= rows < EMULATED_BF16_MIN_ROWS for rows, _, _ in calls)
-    assert 36 in {rows for rows, _, _ in calls}
+    kernel_max = GEMM_MIN_ROWS - 1 if routed else EMULATED_BF16_MIN_ROWS - 1
+    assert calls and all(1 <= rows <= kernel_max for rows, _, _ in calls)
+    assert 2 in {rows for rows, _, _ in calls}  # decode batches of the two requests
+    if routed:
+        assert {86, 36} <= set(gemm_rows) and all(rows >= GEMM_MIN_ROWS for rows in gemm_rows)
+    else:
+        assert not gemm_rows and 36 in {rows for rows, _, _ in calls}
     used = {addr for _, addr, _ in calls}
     layer = model.layers[0]
     for name in ("qkv", "o", "gate_up", "down"):

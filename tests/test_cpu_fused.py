@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import pyengine.core._core as _core
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
 from pyengine.layers.cpu_features import set_cpu_isa
+from pyengine.layers.linear import GEMM_MIN_ROWS
 from pyengine.layers import elementwise as ew
 from pyengine.layers import fused_decode
 from pyengine.layers.norm import rms_norm
@@ -149,13 +150,14 @@ SHORT_PROMPTS = [[7, 8, 9], [5, 9, 44, 71, 100, 3, 8], [300, 12], [42] * 5]
 
 
 def decode_logits(model_dir, cpp: bool, monkeypatch, prompts=PROMPTS, max_num_tokens: int = 256,
-                  dtype: str = "bfloat16", **engine_args) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Greedy outputs and the logits of every forward of at most 15 rows, with the C++
+                  dtype: str = "bfloat16", max_batch_size: int = 4, record_rows: int = 15,
+                  **engine_args) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Greedy outputs and the logits of every forward of at most `record_rows` rows, with the C++
     all-layers path or the Python forward (fused elementwise kernels, pyengine's linears)."""
     monkeypatch.setenv("PYENGINE_BF16_MATMUL", "fp32")  # as on a CPU without bf16 instructions
     engine = Engine(model_dir, dtype=dtype, max_seq_len=256, seed=0,
                     kv_cache_config=KvCacheConfig(max_tokens=2048, tokens_per_block=min(16, max_num_tokens)),
-                    scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=max_num_tokens),
+                    scheduler_config=SchedulerConfig(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens),
                     **engine_args)
     runner = engine._runner
     assert (runner.cpu_decode is not None) and (runner.model.emulate_bf16 or runner.model.fast_fp32)
@@ -166,7 +168,7 @@ def decode_logits(model_dir, cpp: bool, monkeypatch, prompts=PROMPTS, max_num_to
 
     def recording(input_ids, *args):
         out = forward(input_ids, *args)
-        if input_ids.shape[0] <= 15:
+        if input_ids.shape[0] <= record_rows:
             logits.append(out.clone())
         return out
 
@@ -187,6 +189,27 @@ def test_cpp_decode_layers_equal_the_python_forward_bit_for_bit(checkpoint_facto
     assert len(logits_cpp) == len(logits_py) > 10
     for a, b in zip(logits_cpp, logits_py):
         assert torch.equal(a, b)  # the same kernels in the same order
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("num_prompts", [GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS, 16])
+def test_cpp_decode_layers_switch_to_the_gemm_where_the_python_forward_does(checkpoint_factory, monkeypatch,
+                                                                             dtype, num_prompts, cpu_isa):
+    """Decode batches of 12, 13 and 16 rows: from GEMM_MIN_ROWS rows, at the levels the GEMM is
+    routed at, both paths run it (below, and at the portable level, the decode kernels). Its sums
+    run in another order than the decode kernels', so the logits are equal bit for bit only if the
+    C++ path picks the kernel the Python forward picks at each row count (and, at 16 rows, the
+    fused SiLU-mul the C++ path runs: the Python forward's too, past elementwise.MAX_ROWS)."""
+    model_dir = checkpoint_factory("fused_llama", model_type="llama", num_heads=4, num_kv_heads=2)
+    prompts = [[1 + i, 5 + i, 9 + (i % 7)] + list(range(20, 20 + i % 5)) for i in range(num_prompts)]
+    runs = [decode_logits(model_dir, cpp=cpp, monkeypatch=monkeypatch, prompts=prompts, dtype=dtype,
+                          max_batch_size=16, record_rows=16) for cpp in (False, True)]
+    (tokens_py, logits_py), (tokens_cpp, logits_cpp) = runs
+    assert tokens_cpp == tokens_py
+    assert len(logits_cpp) == len(logits_py) >= 11  # the decode steps of all prompts at once
+    assert all(a.shape[0] == num_prompts for a in logits_py)
+    for a, b in zip(logits_cpp, logits_py):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])

@@ -1,8 +1,8 @@
 """Tests of pyengine's CPU GEMM (pyengine.layers.linear.gemm_f32 / gemm_bf16) against fp64 and
 torch references, at every instruction-set level this CPU has (the `cpu_isa` fixture), and of
-`dense`'s routing to it: fp32 batches past FAST_FP32_MAX_ROWS rows and emulated-bf16 batches past
-the bf16 kernel's rows at the avx2 and avx512 levels, torch's GEMM at the portable level and with
-exact_fp32."""
+`dense`'s routing to it: fp32 and emulated-bf16 batches of GEMM_MIN_ROWS rows or more at the avx2
+and avx512 levels (fewer: the decode kernels), torch's GEMM past the decode kernels' rows at the
+portable level and with exact_fp32."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import pyengine.layers.linear as linear_layer
 from pyengine.layers.cpu_features import FAST_FP32_MAX_ROWS
-from pyengine.layers.linear import cpu_gemm_routed, dense, gemm_bf16, gemm_f32
+from pyengine.layers.linear import GEMM_MIN_ROWS, cpu_gemm_routed, dense, gemm_bf16, gemm_f32
 
 BF16 = torch.bfloat16
 U = 2.0 ** -24  # fp32 unit roundoff
@@ -104,13 +104,17 @@ def test_dense_routes_large_batches_to_the_gemm_at_avx2_and_avx512(cpu_isa, monk
     calls = _spy(monkeypatch)
     routed = cpu_isa in ("avx2", "avx512")
     assert cpu_gemm_routed() == routed
+    assert GEMM_MIN_ROWS == 13 and GEMM_MIN_ROWS <= FAST_FP32_MAX_ROWS
     x, w, b = make(FAST_FP32_MAX_ROWS + 1, 24, 64, seed=6, dtype=torch.float32)
     y = dense(x, w, b, fast_fp32=True)
     assert calls == ["gemm_f32" if routed else "torch"]
     ref = F.linear(x.double(), w.double(), b.double())
     assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5)
     calls.clear()
-    dense(x[:FAST_FP32_MAX_ROWS], w, b, fast_fp32=True)
+    dense(x[:GEMM_MIN_ROWS], w, b, fast_fp32=True)  # within linear_f32's rows: the GEMM from here
+    assert calls == ["gemm_f32" if routed else "linear_f32"]
+    calls.clear()
+    dense(x[:GEMM_MIN_ROWS - 1], w, b, fast_fp32=True)
     assert calls == ["linear_f32"]
     calls.clear()
     dense(x, w, b, fast_fp32=False)  # exact_fp32: torch's rounding
@@ -121,4 +125,13 @@ def test_dense_routes_large_batches_to_the_gemm_at_avx2_and_avx512(cpu_isa, monk
     assert calls == ["gemm_bf16" if routed else "torch"]
     calls.clear()
     dense(xh[:64], wh, bh, emulate_bf16=True, bf16_kernel_max_rows=64)
+    assert calls == ["gemm_bf16" if routed else "linear_bf16"]
+    calls.clear()
+    dense(xh[:GEMM_MIN_ROWS], wh, bh, emulate_bf16=True, bf16_kernel_max_rows=64)
+    assert calls == ["gemm_bf16" if routed else "linear_bf16"]
+    calls.clear()
+    dense(xh[:GEMM_MIN_ROWS - 1], wh, bh, emulate_bf16=True, bf16_kernel_max_rows=64)
+    assert calls == ["linear_bf16"]
+    calls.clear()
+    dense(xh[:GEMM_MIN_ROWS], wh, bh, bf16_kernel_max_rows=64)  # native bf16: never the fp32 GEMM
     assert calls == ["linear_bf16"]

@@ -22,6 +22,8 @@ cdef extern from "pyengine/cpu_gemm.h" namespace "pyengine::kernels" nogil:
                    int32_t num_threads) except +
     void gemm_f32(float* y, const float* x, const float* weight, const float* bias,
                   int32_t M, int32_t N, int32_t K, int32_t num_threads) except +
+    const int32_t kGemmMinRows
+    bint gemm_routed() except +
 
 cdef extern from "pyengine/cpu_isa.h" namespace "pyengine":
     cdef enum class CpuIsa(int32_t):
@@ -43,6 +45,13 @@ cdef extern from "pyengine/cpu_isa.h" namespace "pyengine":
 
 
 LINEAR_MAX_ROWS = kLinearMaxRows
+GEMM_MIN_ROWS = kGemmMinRows
+
+
+def _gemm_routed():
+    """Whether the active level's GEMM is the one linear layers route to (cpu_gemm.h's
+    gemm_routed: avx2, avx512)."""
+    return gemm_routed()
 
 
 def _linear_bf16(uintptr_t y, uintptr_t x, uintptr_t weight, uintptr_t bias, int32_t M,

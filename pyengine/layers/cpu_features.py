@@ -18,7 +18,9 @@ _REPORTED_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "av
                    "avx512_vnni", "avx512_bf16", "amx_bf16", "asimd", "asimdhp", "bf16", "i8mm", "sve")
 
 # bf16 weights on a CPU without native bf16 instructions: from this many rows an fp32 GEMM on
-# the weights converted on the fly (torch) is used; below, pyengine's linear_bf16. Measured on an
+# the weights converted on the fly (torch) is used; below, pyengine's linear_bf16. (At the avx2
+# and avx512 levels pyengine's GEMM takes over from GEMM_MIN_ROWS = 13 rows already:
+# pyengine/layers/linear.py.) Measured on an
 # AVX2 EPYC (smollm-135m-shape's gate_up and down, 2 threads): linear_bf16 runs at 1.0-2.7x the
 # converting GEMM's rate from 16 to 64 rows (93-117 vs 38-110 GFLOP/s).
 EMULATED_BF16_MIN_ROWS = 65
@@ -31,7 +33,8 @@ EMULATED_BF16_MIN_ROWS = 65
 NATIVE_BF16_KERNEL_MAX_ROWS_AMX = 4
 NATIVE_BF16_KERNEL_MAX_ROWS = 8  # AVX512-BF16 without AMX
 # fp32 weights: up to this many rows pyengine's linear_f32 (at 16 rows 1.1-1.3x torch's sgemm on
-# the same machine; from 32 rows torch's sgemm is faster).
+# the same machine; from 32 rows torch's sgemm is faster), and the one-call decode path; at the
+# avx2 and avx512 levels pyengine's GEMM from GEMM_MIN_ROWS = 13 rows (pyengine/layers/linear.py).
 FAST_FP32_MAX_ROWS = 16
 
 

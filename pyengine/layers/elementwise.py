@@ -19,9 +19,8 @@ __all__ = ["rms_norm", "add_rms_norm", "rotary_embedding_", "silu_mul", "SUPPORT
 
 SUPPORTED_DTYPES = tuple(DTYPE_CODES)
 
-#: SiLU·mul runs here for batches of at most this many rows (its exp is scalar, so for prefill
-#: torch's vectorized operation is faster); RMSNorm and RoPE run here at every size, except
-#: that with ``exact_fp32`` larger batches keep torch's RMSNorm and RoPE.
+#: The models run these kernels at every size, except that with ``exact_fp32`` batches of more
+#: than this many rows keep torch's RMSNorm, RoPE and SiLU·mul.
 MAX_ROWS = 15
 
 

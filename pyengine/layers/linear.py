@@ -15,9 +15,11 @@ checks here only read metadata: they run once per linear layer per decode step.
 batches): compute-bound, x packed in panels and each weight element broadcast against them
 (``csrc/kernels/cpu/gemm*.cpp``); every output one fp32 sum over k in order, so a row's result
 does not depend on the rows batched with it. At the avx2 and avx512 levels ``dense`` takes them
-for fp32 batches past ``FAST_FP32_MAX_ROWS`` rows and emulated-bf16 ones past the kernel's rows:
-measured on a 2-core AMD EPYC (Zen 5) they multiply 1.9-5.0x (avx512) and 1.15-1.9x (avx2) faster
-than torch's sgemm from 17 to 2048 rows (bench/gemm.py); at the portable level torch's GEMM is faster and stays.
+for fp32 and emulated-bf16 batches of ``GEMM_MIN_ROWS`` (13) rows or more: measured on a 2-core
+AMD EPYC (Zen 5) they multiply 1.9-5.0x (avx512) and 1.15-1.9x (avx2) faster than torch's sgemm
+from 17 to 2048 rows (bench/gemm.py), and on an Intel Xeon 1.1-1.5x faster than ``linear_f32`` /
+``linear_bf16`` from 14 rows (even at 12-13; from DRAM, as in a model's forward). At the portable
+level torch's GEMM is faster and stays.
 """
 
 from __future__ import annotations
@@ -30,22 +32,24 @@ import pyengine.core._core as _core
 from pyengine.layers.cpu_features import FAST_FP32_MAX_ROWS
 from pyengine.quant import QuantizedWeight
 
-__all__ = ["dense", "gemm_bf16", "gemm_f32", "linear_bf16", "linear_f32", "MAX_ROWS", "cpu_gemm_routed"]
+__all__ = ["dense", "gemm_bf16", "gemm_f32", "linear_bf16", "linear_f32", "MAX_ROWS", "GEMM_MIN_ROWS",
+           "cpu_gemm_routed"]
 
 #: Most rows of ``x`` that one call takes.
 MAX_ROWS: int = _core.LINEAR_MAX_ROWS
 
 _KERNELS = {torch.bfloat16: _core._linear_bf16, torch.float32: _core._linear_f32}
 _GEMMS = {torch.bfloat16: _core._gemm_bf16, torch.float32: _core._gemm_f32}
-# The levels whose GEMM build dense() routes to (faster than torch's there; measured only on x86).
-_GEMM_LEVELS = ("avx2", "avx512")
+#: From this many rows ``dense`` takes the GEMM where ``cpu_gemm_routed()`` (the C++ one-call
+#: decode path switches at the same count: csrc/include/pyengine/cpu_gemm.h).
+GEMM_MIN_ROWS: int = _core.GEMM_MIN_ROWS
 
 
 def cpu_gemm_routed() -> bool:
-    """Whether ``dense`` sends fp32 (and emulated-bf16) batches past the small-batch kernels'
-    rows to pyengine's GEMM: at the avx2 and avx512 levels (the active one, read each call:
-    ~40 ns, so set_cpu_isa() takes effect at once)."""
-    return _core._cpu_isa() in _GEMM_LEVELS
+    """Whether ``dense`` sends fp32 (and emulated-bf16) batches of GEMM_MIN_ROWS rows or more to
+    pyengine's GEMM: at the avx2 and avx512 levels (the active one, read each call, so
+    set_cpu_isa() takes effect at once; faster than torch's GEMM there, measured only on x86)."""
+    return _core._gemm_routed()
 
 
 def _check(t: torch.Tensor, name: str, dtype: torch.dtype) -> None:
@@ -126,21 +130,23 @@ def dense(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.T
     (a CPU without bf16 instructions, where torch's bf16 GEMM is emulated and slow) larger batches
     take an fp32 matmul on the bf16 values (the same rounding). With `fast_fp32` (fp32 weights on
     the CPU), batches of at most FAST_FP32_MAX_ROWS rows go through `linear_f32` (the same sums in
-    another order). Larger fp32 and emulated-bf16 batches take `gemm_f32` / `gemm_bf16` where
-    `cpu_gemm_routed()`, else torch's GEMM. A QuantizedWeight computes in fp32 (x quantized to 8
-    bits per block on the fly) at any row count; the result is returned in x's dtype."""
+    another order). Where `cpu_gemm_routed()`, fp32 and emulated-bf16 batches of GEMM_MIN_ROWS
+    rows or more take `gemm_f32` / `gemm_bf16` instead (faster than the decode kernels from
+    there), else the larger ones torch's GEMM. A QuantizedWeight computes in fp32 (x quantized to
+    8 bits per block on the fly) at any row count; the result is returned in x's dtype."""
     if isinstance(weight, QuantizedWeight):
         return weight.linear(x, bias).to(x.dtype)
     rows = x.shape[0]
+    gemm = rows >= GEMM_MIN_ROWS and (fast_fp32 or emulate_bf16) and cpu_gemm_routed()
     if fast_fp32 and rows > 0:
+        if gemm:
+            return gemm_f32(x.contiguous(), weight, bias)
         if rows <= FAST_FP32_MAX_ROWS:
             return linear_f32(x.contiguous(), weight, bias)
-        if cpu_gemm_routed():
-            return gemm_f32(x.contiguous(), weight, bias)
+    if gemm and emulate_bf16:
+        return gemm_bf16(x.contiguous(), weight, bias)
     if 0 < rows <= bf16_kernel_max_rows:
         return linear_bf16(x.contiguous(), weight, bias)
     if emulate_bf16 and rows > 0:
-        if cpu_gemm_routed():
-            return gemm_bf16(x.contiguous(), weight, bias)
         return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(torch.bfloat16)
     return F.linear(x, weight, bias)

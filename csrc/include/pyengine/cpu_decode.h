@@ -1,8 +1,9 @@
 // The decoder layers of a small bf16 or fp32 batch (decode) in one call, with pyengine's own
-// linear kernels (pyengine/cpu_linear.h): per layer RMSNorm -> qkv -> (q/k norm) -> RoPE (on the layers
+// linear kernels (pyengine/cpu_linear.h; from kGemmMinRows rows, where gemm_preferred(), the GEMM
+// of pyengine/cpu_gemm.h): per layer RMSNorm -> qkv -> (q/k norm) -> RoPE (on the layers
 // that use it) -> KV store -> paged attention (the layer's sliding window, the model's logit
 // soft-cap) -> o -> residual add + RMSNorm -> gate_up -> SiLU-mul -> down -> residual add,
-// each step the kernel of pyengine/cpu_linear.h, cpu_elementwise.h or kernels.h with the same
+// each step the kernel of pyengine/cpu_linear.h (cpu_gemm.h), cpu_elementwise.h or kernels.h with the same
 // arguments the Python model would pass. At batch 1 a step's time otherwise goes largely to the
 // per-call overhead of a few hundred Python calls.
 #pragma once

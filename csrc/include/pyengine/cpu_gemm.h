@@ -31,4 +31,15 @@ void gemm_f32(float* y, const float* x, const float* weight, const float* bias, 
 void gemm_bf16(uint16_t* y, const uint16_t* x, const uint16_t* weight, const uint16_t* bias,
                int32_t M, int32_t N, int32_t K, int32_t num_threads);
 
+// Where linear layers of fp32 (and of bf16 on CPUs without bf16 instructions) run as this GEMM
+// rather than as pyengine/cpu_linear.h's decode kernels: from kGemmMinRows rows of x, at the
+// levels whose GEMM build is tuned (avx2, avx512; the generic and NEON builds are correct, not
+// fast). The one-call decode path (cpu_decode.h) and the Python model's linears both follow it.
+// Measured on an Intel Xeon at both levels (smollm-135m-shape's layers, weights from DRAM, 2
+// threads): the GEMM reaches the decode kernels' rate at 12-13 rows and is 1.1-1.5x faster from
+// 14 (1.2-1.5x from 24 to 64 rows), while at 1-8 rows the decode kernels are up to 1.5x faster.
+constexpr int32_t kGemmMinRows = 13;
+bool gemm_routed();                 // the active level is one of those
+bool gemm_preferred(int32_t rows);  // rows >= kGemmMinRows && gemm_routed()
+
 }  // namespace pyengine::kernels

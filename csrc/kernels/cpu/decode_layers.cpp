@@ -9,6 +9,7 @@
 #include "dtype_convert.h"
 #include "pyengine/cpu_decode.h"
 #include "pyengine/cpu_elementwise.h"
+#include "pyengine/cpu_gemm.h"
 #include "pyengine/cpu_linear.h"
 #include "pyengine/cpu_quant.h"
 
@@ -44,22 +45,24 @@ void linear_quantized(float* y, const float* x, const QuantLinearDesc& w, const 
   }
 }
 
-// The linear kernel of the model's dtype (or quantized weights), on raw addresses.
+// The linear kernel of the model's dtype (or quantized weights), on raw addresses: for bf16 and
+// fp32, the decode kernel or the GEMM by the row count, as the Python model's linears choose.
 void linear(const DecodeShape& s, void* y, const void* x, uintptr_t w, uintptr_t bias, int32_t M, int64_t N,
             int32_t K, int32_t num_threads) {
   const DType dtype = s.dtype;
+  const bool gemm = gemm_preferred(M);
   if (s.quantized)
     linear_quantized(static_cast<float*>(y), static_cast<const float*>(x),
                      *reinterpret_cast<const QuantLinearDesc*>(w), reinterpret_cast<const float*>(bias), M, N,
                      K, num_threads);
   else if (dtype == DType::kBFloat16)
-    linear_bf16(static_cast<uint16_t*>(y), static_cast<const uint16_t*>(x),
-                reinterpret_cast<const uint16_t*>(w), reinterpret_cast<const uint16_t*>(bias), M,
-                static_cast<int32_t>(N), K, num_threads);
+    (gemm ? gemm_bf16 : linear_bf16)(static_cast<uint16_t*>(y), static_cast<const uint16_t*>(x),
+                                     reinterpret_cast<const uint16_t*>(w), reinterpret_cast<const uint16_t*>(bias),
+                                     M, static_cast<int32_t>(N), K, num_threads);
   else
-    linear_f32(static_cast<float*>(y), static_cast<const float*>(x),
-               reinterpret_cast<const float*>(w), reinterpret_cast<const float*>(bias), M,
-               static_cast<int32_t>(N), K, num_threads);
+    (gemm ? gemm_f32 : linear_f32)(static_cast<float*>(y), static_cast<const float*>(x),
+                                   reinterpret_cast<const float*>(w), reinterpret_cast<const float*>(bias), M,
+                                   static_cast<int32_t>(N), K, num_threads);
 }
 
 // The per-layer integers of the layer table (cpu_decode.h), all checked before the first layer

@@ -89,6 +89,13 @@ PYENGINE_OMP(barrier)
 
 }  // namespace
 
+bool gemm_routed() {
+  const CpuIsa isa = cpu_isa();
+  return isa == CpuIsa::kAvx2 || isa == CpuIsa::kAvx512;
+}
+
+bool gemm_preferred(int32_t rows) { return rows >= kGemmMinRows && gemm_routed(); }
+
 void gemm_f32(float* y, const float* x, const float* weight, const float* bias, int32_t M,
               int32_t N, int32_t K, int32_t num_threads) {
   gemm(y, x, weight, bias, M, N, K, num_threads);
