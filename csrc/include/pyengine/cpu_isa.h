@@ -91,4 +91,9 @@ bool cpu_has_feature(const std::string& flag);
 // trimmed); "" where the CPU does not say (aarch64). Detected once; thread-safe.
 const std::string& cpu_model_name();
 
+// The CPU's vendor as cpuid leaf 0 names it ("GenuineIntel", "AuthenticAMD", ...); "" where the
+// CPU does not say (aarch64). For the few tuning choices that differ between the two x86 vendors'
+// cores. Detected once; thread-safe.
+const std::string& cpu_vendor();
+
 }  // namespace pyengine

@@ -83,6 +83,15 @@ std::string detect_model_name() {
   return s.substr(first, s.find_last_not_of(' ') - first + 1);
 }
 
+std::string detect_vendor() {
+  const Cpuid r = cpuid(0, 0);
+  char id[13] = {};
+  std::memcpy(id, &r.b, 4);  // ebx, edx, ecx
+  std::memcpy(id + 4, &r.d, 4);
+  std::memcpy(id + 8, &r.c, 4);
+  return id;
+}
+
 #elif defined(__aarch64__) && defined(__linux__)
 std::vector<std::string> detect_flags() {
   std::vector<std::string> flags;
@@ -105,10 +114,12 @@ std::vector<std::string> detect_flags() {
 }
 
 std::string detect_model_name() { return ""; }
+std::string detect_vendor() { return ""; }
 
 #else
 std::vector<std::string> detect_flags() { return {}; }
 std::string detect_model_name() { return ""; }
+std::string detect_vendor() { return ""; }
 #endif
 
 }  // namespace
@@ -127,6 +138,11 @@ bool cpu_has_feature(const std::string& flag) {
 const std::string& cpu_model_name() {
   static const std::string name = detect_model_name();
   return name;
+}
+
+const std::string& cpu_vendor() {
+  static const std::string vendor = detect_vendor();
+  return vendor;
 }
 
 }  // namespace pyengine

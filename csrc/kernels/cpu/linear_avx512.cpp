@@ -17,6 +17,7 @@
 
 #include "isa_target.h"
 #include "linear_common.h"
+#include "pyengine/cpu_isa.h"
 
 #if !PYENGINE_ISA_X86
 #define PYENGINE_ISA_NS isa_avx512
@@ -29,10 +30,10 @@ namespace pyengine::kernels::cpu::isa_avx512 {
 
 namespace {
 
-// Software prefetch this far ahead of the weight reads (into L2 for the tiles, into L1 for the
-// M == 1 loops). Measured on a 2-core Xeon (Sapphire Rapids class): with it one core streams
-// bf16 weights as fast as torch's fp32 GEMV streams fp32 ones (~15 GB/s); the hardware
-// prefetchers alone reach ~11.
+// Software prefetch this far ahead of the weight reads (into L2 for the tiles; at M == 1 into L1
+// on AMD cores, into L2 on Intel ones: see rows_m1). Measured on a 2-core Xeon (Sapphire Rapids
+// class): with it one core streams bf16 weights as fast as torch's fp32 GEMV streams fp32 ones
+// (~15 GB/s); the hardware prefetchers alone reach ~11.
 constexpr int64_t kPrefetchBytes = 4096;
 
 #include "simd_x86.h"
@@ -55,11 +56,14 @@ inline __m512 wload(const uint16_t* w) {
 }
 
 // M == 1: one FMA per 16 columns into 4 independent accumulators, every 64-byte line of the
-// weights prefetched into L1 kPrefetchBytes ahead. On a 2-core AMD EPYC (Zen 5) this streams
-// fp32 weights 1.3-1.45x and bf16 ones 1.1-1.5x as fast as 32-column steps with two chained
-// FMAs (bf16: even/odd halves of a 64-byte load split by a shift and a mask) did.
-template <typename W>
-void rows_m1(const LinearArgs& a, int32_t n0, int32_t n1) {
+// weights prefetched kPrefetchBytes ahead with temporal locality `Locality` (3: into L1, 2: L2). On a 2-core AMD EPYC
+// (Zen 5) this streams fp32 weights 1.3-1.45x and bf16 ones 1.1-1.5x as fast as 32-column steps
+// with two chained FMAs (bf16: even/odd halves of a 64-byte load split by a shift and a mask)
+// did, prefetching into L1. On a 2-core Intel Xeon (Sapphire Rapids class, 2 MB L2) prefetching
+// into L1 is the slower choice: into L2, the layers' weights (from DRAM) stream at 20-27 GB/s in
+// bf16 and 25-30 in fp32 against 15-20 and 19-23 (alternating, the same process).
+template <typename W, int Locality>
+void rows_m1_prefetching(const LinearArgs& a, int32_t n0, int32_t n1) {
   constexpr int kStepsPerLine = 64 / (16 * static_cast<int>(sizeof(W)));  // fp32 1, bf16 2
   const int32_t K = a.K;
   const float* x = a.xf;
@@ -71,7 +75,7 @@ void rows_m1(const LinearArgs& a, int32_t n0, int32_t n1) {
     for (; k + 64 <= K; k += 64)
       for (int u = 0; u < 4; ++u) {
         if (u % kStepsPerLine == 0)
-          _mm_prefetch(reinterpret_cast<const char*>(w + k + 16 * u) + kPrefetchBytes, _MM_HINT_T0);
+          __builtin_prefetch(reinterpret_cast<const char*>(w + k + 16 * u) + kPrefetchBytes, 0, Locality);
         acc[u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16 * u), wload(w + k + 16 * u), acc[u]);
       }
     for (int u = 0; k < K; k += 16, ++u)  // at most 4 steps; x is zero-padded past K
@@ -79,6 +83,15 @@ void rows_m1(const LinearArgs& a, int32_t n0, int32_t n1) {
     const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
     linear_store(a, 0, n, _mm512_reduce_add_ps(sum));
   }
+}
+
+template <typename W>
+void rows_m1(const LinearArgs& a, int32_t n0, int32_t n1) {
+  static const bool l1 = cpu_vendor() == "AuthenticAMD";
+  if (l1)
+    rows_m1_prefetching<W, 3>(a, n0, n1);
+  else
+    rows_m1_prefetching<W, 2>(a, n0, n1);
 }
 
 // Dot products of MB rows of x with R consecutive weight rows, 16 columns a step: the step's R
