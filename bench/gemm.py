@@ -4,8 +4,12 @@ without bf16 instructions takes) on the linear layers of smollm-135m-shape, at p
 decode-batch row counts. Alternating, best of 5 timed loops each (twice); GFLOP/s and the ratio.
 With --from-memory each call takes the next of enough copies of the weight to fill 256 MB, so the
 weights come from DRAM as in a model's forward (a 30-layer model's decode batch), not from cache.
+With --against-decode-kernels the reference is pyengine's decode kernels (linear_f32 /
+linear_bf16, at most 64 rows) instead of torch: where the GEMM takes over from them
+(GEMM_MIN_ROWS in pyengine/layers/linear.py).
 
     python bench/gemm.py [--quick] [--dtype float32|bfloat16] [--rows 17,64,512] [--from-memory]
+    python bench/gemm.py --against-decode-kernels --from-memory --rows 8,12,13,16,24,64
 
 `PYENGINE_CPU_ISA=avx2` measures the AVX2 build on an AVX-512 machine.
 """
@@ -44,7 +48,7 @@ def best_time(fn: Callable[[], object], flops: float) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     from pyengine import cpu_info
-    from pyengine.layers.linear import gemm_bf16, gemm_f32
+    from pyengine.layers.linear import MAX_ROWS, gemm_bf16, gemm_f32, linear_bf16, linear_f32
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="rows 17, 64 and 512 only")
@@ -52,17 +56,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", default=None, help="comma-separated row counts (default 17,32,64,128,512,2048)")
     p.add_argument("--from-memory", action="store_true",
                    help="cycle through 256 MB of weight copies (weights read from DRAM, not cache)")
+    p.add_argument("--against-decode-kernels", action="store_true",
+                   help="compare with linear_f32 / linear_bf16 instead of torch (rows <= 64)")
     args = p.parse_args(argv)
     set_threads()
     dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
     rows = [int(r) for r in args.rows.split(",")] if args.rows else \
         ([17, 64, 512] if args.quick else [17, 32, 64, 128, 512, 2048])
     ours_fn = gemm_f32 if dtype == torch.float32 else gemm_bf16
+    kernel_fn = linear_f32 if dtype == torch.float32 else linear_bf16
+    if args.against_decode_kernels and max(rows) > MAX_ROWS:
+        p.error(f"--against-decode-kernels: the decode kernels take at most {MAX_ROWS} rows, got {max(rows)}")
     info = machine_info()
     where = "weights from DRAM" if args.from_memory else "weights in cache"
-    print(f"pyengine GEMM ({cpu_info().isa}) vs torch's fp32 GEMM, {args.dtype}, {where}, {BENCH_THREADS} threads, "
+    ref = "pyengine's decode kernel" if args.against_decode_kernels else "torch's fp32 GEMM"
+    print(f"pyengine GEMM ({cpu_info().isa}) vs {ref}, {args.dtype}, {where}, {BENCH_THREADS} threads, "
           f"{info['cpu']}, torch {info['torch']}")
-    print("| rows | layer | N x K | pyengine GFLOP/s | torch GFLOP/s | ratio |")
+    ref_col = "decode kernel" if args.against_decode_kernels else "torch"
+    print(f"| rows | layer | N x K | pyengine GEMM GFLOP/s | {ref_col} GFLOP/s | ratio |")
     print("|---|---|---|---|---|---|")
     g = torch.Generator().manual_seed(0)
     for m in rows:
@@ -78,7 +89,10 @@ def main(argv: list[str] | None = None) -> None:
                 return weights[nxt[0]]
             out = torch.empty(m, n, dtype=dtype)
             flops = 2.0 * m * n * k
-            if dtype == torch.float32:
+            if args.against_decode_kernels:
+                def theirs():
+                    return kernel_fn(x, weight(), out=out)
+            elif dtype == torch.float32:
                 def theirs():
                     return F.linear(x, weight())
             else:

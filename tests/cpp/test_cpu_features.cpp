@@ -81,6 +81,17 @@ TEST(model_name_matches_proc_cpuinfo) {
 #endif
 }
 
+TEST(vendor_matches_proc_cpuinfo) {
+#if defined(__x86_64__)
+  const std::string expected = cpuinfo_value("vendor_id");
+  if (!expected.empty()) CHECK_EQ(cpu_vendor(), expected);
+  CHECK_EQ(cpu_vendor().size(), size_t{12});  // cpuid leaf 0's three registers
+  CHECK(&cpu_vendor() == &cpu_vendor());       // detected once
+#else
+  CHECK_EQ(cpu_vendor(), std::string(""));
+#endif
+}
+
 TEST(levels_follow_from_the_flags) {
   const std::vector<CpuIsa> levels = supported_cpu_isas();
   auto has_level = [&](CpuIsa l) { return std::find(levels.begin(), levels.end(), l) != levels.end(); };
