@@ -24,6 +24,7 @@ cdef extern from "pyengine/cpu_gemm.h" namespace "pyengine::kernels" nogil:
                   int32_t M, int32_t N, int32_t K, int32_t num_threads) except +
     const int32_t kGemmMinRows
     bint gemm_routed() except +
+    bint gemm_preferred(int32_t rows) except +
 
 cdef extern from "pyengine/cpu_isa.h" namespace "pyengine":
     cdef enum class CpuIsa(int32_t):
@@ -52,6 +53,12 @@ def _gemm_routed():
     """Whether the active level's GEMM is the one linear layers route to (cpu_gemm.h's
     gemm_routed: avx2, avx512)."""
     return gemm_routed()
+
+
+def _gemm_preferred(int32_t rows):
+    """Whether a linear of `rows` rows runs as the GEMM (cpu_gemm.h's gemm_preferred: rows >=
+    GEMM_MIN_ROWS at a routed level), as the one-call decode path decides it."""
+    return gemm_preferred(rows)
 
 
 def _linear_bf16(uintptr_t y, uintptr_t x, uintptr_t weight, uintptr_t bias, int32_t M,

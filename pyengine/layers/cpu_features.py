@@ -18,11 +18,10 @@ _REPORTED_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "av
                    "avx512_vnni", "avx512_bf16", "amx_bf16", "asimd", "asimdhp", "bf16", "i8mm", "sve")
 
 # bf16 weights on a CPU without native bf16 instructions: from this many rows an fp32 GEMM on
-# the weights converted on the fly (torch) is used; below, pyengine's linear_bf16. (At the avx2
-# and avx512 levels pyengine's GEMM takes over from GEMM_MIN_ROWS = 13 rows already:
-# pyengine/layers/linear.py.) Measured on an
+# the weights converted on the fly (torch) is used; below, pyengine's linear_bf16. Measured on an
 # AVX2 EPYC (smollm-135m-shape's gate_up and down, 2 threads): linear_bf16 runs at 1.0-2.7x the
-# converting GEMM's rate from 16 to 64 rows (93-117 vs 38-110 GFLOP/s).
+# converting GEMM's rate from 16 to 64 rows (93-117 vs 38-110 GFLOP/s). At the avx2 and avx512
+# levels pyengine's GEMM takes over from GEMM_MIN_ROWS = 13 rows already (pyengine/layers/linear.py).
 EMULATED_BF16_MIN_ROWS = 65
 # bf16 weights on a CPU with bf16 instructions (AVX512-BF16/AMX): torch's bf16 GEMM costs about
 # the same 40-120 us from 1 to 16 rows (smollm-135m-shape's layers, 2 threads), while linear_bf16

@@ -137,7 +137,7 @@ def dense(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.T
     if isinstance(weight, QuantizedWeight):
         return weight.linear(x, bias).to(x.dtype)
     rows = x.shape[0]
-    gemm = rows >= GEMM_MIN_ROWS and (fast_fp32 or emulate_bf16) and cpu_gemm_routed()
+    gemm = (fast_fp32 or emulate_bf16) and _core._gemm_preferred(rows)  # the one-call decode path's rule
     if fast_fp32 and rows > 0:
         if gemm:
             return gemm_f32(x.contiguous(), weight, bias)

@@ -56,10 +56,10 @@ inline __m512 wload(const uint16_t* w) {
 }
 
 // M == 1: one FMA per 16 columns into 4 independent accumulators, every 64-byte line of the
-// weights prefetched kPrefetchBytes ahead with temporal locality `Locality` (3: into L1, 2: L2). On a 2-core AMD EPYC
-// (Zen 5) this streams fp32 weights 1.3-1.45x and bf16 ones 1.1-1.5x as fast as 32-column steps
-// with two chained FMAs (bf16: even/odd halves of a 64-byte load split by a shift and a mask)
-// did, prefetching into L1. On a 2-core Intel Xeon (Sapphire Rapids class, 2 MB L2) prefetching
+// weights prefetched kPrefetchBytes ahead with temporal locality `Locality` (3: into L1, 2: into
+// L2). On a 2-core AMD EPYC (Zen 5) this streams fp32 weights 1.3-1.45x and bf16 ones 1.1-1.5x
+// as fast as 32-column steps with two chained FMAs (bf16: even/odd halves of a 64-byte load split
+// by a shift and a mask) did, prefetching into L1. On a 2-core Intel Xeon (Sapphire Rapids class, 2 MB L2) prefetching
 // into L1 is the slower choice: into L2, the layers' weights (from DRAM) stream at 20-27 GB/s in
 // bf16 and 25-30 in fp32 against 15-20 and 19-23 (alternating, the same process).
 template <typename W, int Locality>
