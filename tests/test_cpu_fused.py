@@ -440,3 +440,43 @@ def test_the_kernel_checks_every_layer_before_running(checkpoint_factory, column
     with pytest.raises(ValueError, match=match):
         layers.run(h, torch.tensor([0], dtype=torch.int32), meta)
     assert torch.equal(h, before) and all(not k.any() for k, _ in caches)  # nothing ran
+
+
+# ---- the output head in the one-call path (decode_head) ----
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tied", [False, True])
+def test_cpp_head_equals_the_model_logits_bit_for_bit(checkpoint_factory, dtype, tied, cpu_isa):
+    """The final norm (the fused kernel) and the output projection of rows picked in any order,
+    repeats included, as the model's _logits computes them for a forward that fuses."""
+    model = load_model(checkpoint_factory(f"fused_head_{tied}", model_type="llama", num_heads=4, num_kv_heads=2,
+                                          tie_word_embeddings=tied), dtype)
+    c = model.config
+    layers = fused_decode.CpuDecodeLayers(model, [(torch.zeros(4, c.num_kv_heads, 4, c.head_dim),) * 2] * c.num_layers,
+                                          2)
+    assert layers.has_head
+    torch.manual_seed(0)
+    h = (torch.randn(7, c.hidden_size) * 3).to(dtype)
+    for rows in ([0], [6, 0, 3, 3], list(range(7))):
+        idx = torch.tensor(rows, dtype=torch.int32)
+        got = layers.logits(h, idx)
+        assert got.dtype == torch.float32 and got.shape == (len(rows), c.vocab_size)
+        assert torch.equal(got, model._logits(h[idx.long()], fused=True))
+    # int64 row indices (a batch with prompt-logprob rows) are taken as well
+    assert torch.equal(layers.logits(h, torch.tensor([5, 1])), model._logits(h[[5, 1]], fused=True))
+
+
+@pytest.mark.parametrize("rows, match", [
+    ([0, 7], r"rows: entry 1 is 7, outside \[0, 7\)"),
+    ([-1], r"rows: entry 0 is -1, outside \[0, 7\)"),
+    ([0] * 65, r"num_rows: must be in \[1, 64\], got 65"),
+])
+def test_cpp_head_refuses_bad_rows(checkpoint_factory, rows, match):
+    model = load_model(checkpoint_factory("fused_head_False", model_type="llama", num_heads=4, num_kv_heads=2,
+                                          tie_word_embeddings=False))
+    c = model.config
+    layers = fused_decode.CpuDecodeLayers(model, [(torch.zeros(4, c.num_kv_heads, 4, c.head_dim),) * 2] * c.num_layers,
+                                          2)
+    with pytest.raises(ValueError, match=match):
+        layers.logits(torch.randn(7, c.hidden_size), torch.tensor(rows, dtype=torch.int32))

@@ -17,7 +17,16 @@ cdef extern from "pyengine/cpu_decode.h" namespace "pyengine::kernels" nogil:
         DType cache_dtype
         DType dtype
         bint quantized
+    cdef struct DecodeHead:
+        const void* norm
+        uintptr_t lm_head
+        int32_t vocab
+        bint quantized
     int64_t decode_scratch_elements(const DecodeShape& shape, int32_t num_tokens)
+    int64_t decode_head_scratch_elements(const DecodeShape& shape, const DecodeHead& head, int32_t num_rows)
+    void decode_head(float* logits, const void* h, int32_t num_tokens, const int32_t* rows, int32_t num_rows,
+                     const DecodeShape& shape, const DecodeHead& head, void* scratch, int64_t scratch_elements,
+                     int32_t num_threads) except +
     void decode_layers(void* h, int32_t num_tokens, const uintptr_t* layer_ptrs,
                        const DecodeShape& shape, const void* cos, const void* sin,
                        const int32_t* positions, const int32_t* slot_mapping,
@@ -74,3 +83,26 @@ cdef class CoreDecodeShape:
                           <const int32_t*>slot_mapping, <const int32_t*>query_start_loc,
                           <const int32_t*>seq_lens, <const int32_t*>block_tables, num_seqs,
                           <void*>scratch, scratch_elements, num_threads)
+
+    def head_scratch_elements(self, int32_t vocab, bint quantized, int32_t num_rows) -> int:
+        cdef DecodeHead head
+        head.norm = NULL
+        head.lm_head = 0
+        head.vocab = vocab
+        head.quantized = quantized
+        return decode_head_scratch_elements(self.s, head, num_rows)
+
+    def head(self, uintptr_t logits, uintptr_t h, int32_t num_tokens, uintptr_t rows, int32_t num_rows,
+             uintptr_t norm, uintptr_t lm_head, int32_t vocab, bint quantized, uintptr_t scratch,
+             int64_t scratch_elements, int32_t num_threads):
+        """Raw decode_head: the fp32 logits of `rows` of h after run() (addresses are data_ptr()
+        values; lm_head: the weight's, or a QuantLinearDesc's when `quantized`). Raises
+        ValueError naming the bad argument."""
+        cdef DecodeHead head
+        head.norm = <const void*>norm
+        head.lm_head = lm_head
+        head.vocab = vocab
+        head.quantized = quantized
+        with nogil:
+            decode_head(<float*>logits, <const void*>h, num_tokens, <const int32_t*>rows, num_rows, self.s, head,
+                        <void*>scratch, scratch_elements, num_threads)

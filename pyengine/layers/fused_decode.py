@@ -91,6 +91,31 @@ class CpuDecodeLayers:
             self.max_rows = model.bf16_kernel_max_rows if model.dtype == torch.bfloat16 else FAST_FP32_MAX_ROWS
         self.scratch = torch.empty(self.shape.scratch_elements(self.max_rows), dtype=model.dtype)
         self.cos, self.sin = model.cos, model.sin
+        self._bind_head(model)
+
+    def _bind_head(self, model) -> None:
+        """The final norm and output projection for `logits` (decode_head): a head of the model's
+        dtype, or quantized with at most MAX_QUANT_LINEAR_PARTS row groups; else `has_head` is
+        False and the model computes its logits itself."""
+        head = model.lm_head
+        self.norm = model.norm
+        self.head_quantized = isinstance(head, QuantizedWeight)
+        self.head_desc = None
+        self.has_head = False
+        if self.head_quantized:
+            if head.device.type != "cpu" or len(head.parts) > _core.MAX_QUANT_LINEAR_PARTS:
+                return
+            self.head_desc = torch.zeros(_QUANT_DESC_WORDS, dtype=torch.int64)
+            self.head_ptr = self._describe(head, self.head_desc)
+            self.vocab = head.n
+        else:
+            if head.dtype != model.dtype or head.dim() != 2 or not head.is_contiguous() or not head.is_cpu:
+                return
+            self.head_ptr = head.data_ptr()
+            self.vocab = head.shape[0]
+        self.head_weight = head  # keeps the address valid
+        self.has_head = self.norm.dtype == model.dtype and self.norm.is_contiguous()
+        self.head_scratch = torch.empty(0, dtype=model.dtype)
 
     @staticmethod
     def _describe(w: QuantizedWeight, desc: torch.Tensor) -> int:
@@ -112,3 +137,19 @@ class CpuDecodeLayers:
                        self.sin.data_ptr(), positions.data_ptr(), meta.slot_mapping.data_ptr(),
                        meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(), meta.block_tables.data_ptr(),
                        num_seqs, self.scratch.data_ptr(), self.scratch.numel(), torch.get_num_threads())
+
+    def logits(self, h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [len(rows), vocab] of `rows` of h after `run` (has_head; at most max_rows
+        rows): the final RMSNorm with the fused kernel and the output projection with the kernel
+        the model's linear takes for that many rows -- the model's _logits, bit for bit."""
+        if rows.dtype != torch.int32 or not rows.is_contiguous():
+            rows = rows.to(torch.int32).contiguous()
+        n = rows.shape[0]
+        needed = self.shape.head_scratch_elements(self.vocab, self.head_quantized, n)
+        if self.head_scratch.numel() < needed:  # grows to the most rows seen
+            self.head_scratch = torch.empty(needed, dtype=self.head_scratch.dtype)
+        out = torch.empty((n, self.vocab), dtype=torch.float32)
+        self.shape.head(out.data_ptr(), h.data_ptr(), h.shape[0], rows.data_ptr(), n, self.norm.data_ptr(),
+                        self.head_ptr, self.vocab, self.head_quantized, self.head_scratch.data_ptr(),
+                        self.head_scratch.numel(), torch.get_num_threads())
+        return out

@@ -332,26 +332,40 @@ class LlamaFamilyModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_indices: torch.Tensor) -> torch.Tensor:
         T = input_ids.shape[0]
-        if meta.cpu_decode is not None and 0 < T <= meta.cpu_decode.max_rows:
+        fused = self._fuses_elementwise(T)
+        decode = meta.cpu_decode
+        if decode is not None and 0 < T <= decode.max_rows:
             h = self.embed_tokens(input_ids)
-            meta.cpu_decode.run(h, positions, meta)
-            return self._logits(h[logits_indices])
+            decode.run(h, positions, meta)
+            if decode.has_head and fused and 0 < logits_indices.shape[0] <= decode.max_rows:
+                return decode.logits(h, logits_indices)  # this method's _logits, in the same C++ call's kernels
+            return self._logits(h[logits_indices], fused)
         h = self._hidden(input_ids, positions, meta, kv_caches)
-        return self._logits(h[logits_indices])
+        return self._logits(h[logits_indices], fused)
+
+    def _fuses_elementwise(self, num_tokens: int) -> bool:
+        """Whether a forward of `num_tokens` rows takes the fused elementwise kernels (RMSNorm,
+        RoPE, SiLU-mul) of pyengine.layers.elementwise."""
+        return self.fused_elementwise_any_rows or (self.fused_elementwise and num_tokens <= cpu_elementwise.MAX_ROWS)
 
     def _hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """The hidden states of every row before the final norm (the layers' K/V stored on the way)."""
-        fused = self.fused_elementwise_any_rows or (
-            self.fused_elementwise and input_ids.shape[0] <= cpu_elementwise.MAX_ROWS)
+        fused = self._fuses_elementwise(input_ids.shape[0])
         rope = self._rope_rows(positions, meta, fused)
         h = self.embed_tokens(input_ids)
         return self._decoder(h, positions, meta, kv_caches, rope, fused)
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+    def _logits(self, h: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """fp32 logits of the final hidden states `h` (the final norm, the output projection, soft-capped
-        in the model's dtype where the model caps them, as transformers does)."""
-        logits = self.linear(self._norm(h, self.norm), self.lm_head)
+        in the model's dtype where the model caps them, as transformers does). `fused`: the forward
+        takes the fused elementwise kernels, and the final norm is theirs too where the model's
+        norm is Llama's (the one-call decode path's head computes it so)."""
+        if fused and self.LLAMA_LAYER and h.shape[0] > 0:
+            x = cpu_elementwise.rms_norm(h.contiguous(), self.norm, self.config.rms_norm_eps)
+        else:
+            x = self._norm(h, self.norm)
+        logits = self.linear(x, self.lm_head)
         if self.final_softcap:
             cap = self.final_softcap
             logits = torch.tanh(logits / cap) * cap

@@ -70,4 +70,25 @@ void decode_layers(void* h, int32_t num_tokens, const uintptr_t* layer_ptrs,
                    const int32_t* block_tables, int32_t num_seqs, void* scratch,
                    int64_t scratch_elements, int32_t num_threads);
 
+// The model's output head after decode_layers, for the rows that produce logits: the final
+// RMSNorm (rms_norm, as the layers' norms) and the output projection (the linear kernel the
+// layers take for that many rows, or the quantized one), in fp32 -- the Python model's _logits
+// with fused elementwise kernels, without its Python calls.
+struct DecodeHead {
+  const void* norm;   // final RMSNorm weight [hidden] of shape.dtype
+  uintptr_t lm_head;  // [vocab, hidden] of shape.dtype, or the address of a QuantLinearDesc (quantized)
+  int32_t vocab;
+  bool quantized;     // lm_head is quantized: shape.dtype must be kFloat32
+};
+
+// Scratch elements (of shape.dtype) decode_head needs for `num_rows` rows.
+int64_t decode_head_scratch_elements(const DecodeShape& shape, const DecodeHead& head, int32_t num_rows);
+
+// logits [num_rows, vocab] (fp32) of rows `rows` (indices into h's num_tokens rows, in any order,
+// repeats allowed) of the residual stream h [num_tokens, hidden] as decode_layers leaves it;
+// 1 <= num_rows <= kLinearMaxRows. Every argument is checked before anything is written.
+void decode_head(float* logits, const void* h, int32_t num_tokens, const int32_t* rows, int32_t num_rows,
+                 const DecodeShape& shape, const DecodeHead& head, void* scratch, int64_t scratch_elements,
+                 int32_t num_threads);
+
 }  // namespace pyengine::kernels

@@ -47,11 +47,10 @@ void linear_quantized(float* y, const float* x, const QuantLinearDesc& w, const 
 
 // The linear kernel of the model's dtype (or quantized weights), on raw addresses: for bf16 and
 // fp32, the decode kernel or the GEMM by the row count, as the Python model's linears choose.
-void linear(const DecodeShape& s, void* y, const void* x, uintptr_t w, uintptr_t bias, int32_t M, int64_t N,
-            int32_t K, int32_t num_threads) {
-  const DType dtype = s.dtype;
+void linear(DType dtype, bool quantized, void* y, const void* x, uintptr_t w, uintptr_t bias, int32_t M,
+            int64_t N, int32_t K, int32_t num_threads) {
   const bool gemm = gemm_preferred(M);
-  if (s.quantized)
+  if (quantized)
     linear_quantized(static_cast<float*>(y), static_cast<const float*>(x),
                      *reinterpret_cast<const QuantLinearDesc*>(w), reinterpret_cast<const float*>(bias), M, N,
                      K, num_threads);
@@ -81,6 +80,15 @@ void check_layer_settings(const uintptr_t* layer_ptrs, int32_t num_layers) {
   }
 }
 
+// The activations' and weights' dtype decode_layers and decode_head take.
+void check_dtype(const DecodeShape& s, bool quantized) {
+  if (s.dtype != DType::kBFloat16 && s.dtype != DType::kFloat32)
+    throw std::invalid_argument("shape.dtype: decode_layers takes bfloat16 or float32, got DType " +
+                                std::to_string(static_cast<int32_t>(s.dtype)));
+  if (quantized && s.dtype != DType::kFloat32)
+    throw std::invalid_argument("shape.dtype: quantized weights compute with float32 activations");
+}
+
 }  // namespace
 
 int64_t decode_scratch_elements(const DecodeShape& s, int32_t num_tokens) {
@@ -94,11 +102,7 @@ void decode_layers(void* h, int32_t T, const uintptr_t* layer_ptrs, const Decode
                    const int32_t* slot_mapping, const int32_t* query_start_loc,
                    const int32_t* seq_lens, const int32_t* block_tables, int32_t num_seqs,
                    void* scratch, int64_t scratch_elements, int32_t num_threads) {
-  if (s.dtype != DType::kBFloat16 && s.dtype != DType::kFloat32)
-    throw std::invalid_argument("shape.dtype: decode_layers takes bfloat16 or float32, got DType " +
-                                std::to_string(static_cast<int32_t>(s.dtype)));
-  if (s.quantized && s.dtype != DType::kFloat32)
-    throw std::invalid_argument("shape.dtype: quantized weights compute with float32 activations");
+  check_dtype(s, s.quantized);
   if (T < 1 || T > kLinearMaxRows)
     throw std::invalid_argument("num_tokens: must be in [1, " + std::to_string(kLinearMaxRows) +
                                 "], got " + std::to_string(T));
@@ -132,7 +136,7 @@ void decode_layers(void* h, int32_t T, const uintptr_t* layer_ptrs, const Decode
     else  // h += delta (the layer before's MLP output); x = norm(h)
       rms_norm(x, s.hidden, delta, s.hidden, h, s.hidden, ptr(p[kInputNorm]), dt, T, s.hidden,
                s.rms_norm_eps, num_threads);
-    linear(s, qkv, x, p[kQkv], p[kQkvBias], T, w.qkv, s.hidden, num_threads);
+    linear(s.dtype, s.quantized, qkv, x, p[kQkv], p[kQkvBias], T, w.qkv, s.hidden, num_threads);
     void* q = qkv;
     void* k = at(qkv, w.q);
     void* v = at(k, w.kv);
@@ -160,14 +164,14 @@ void decode_layers(void* h, int32_t T, const uintptr_t* layer_ptrs, const Decode
                     seq_lens, block_tables, num_seqs, T, s.max_blocks_per_seq, s.num_heads,
                     s.num_kv_heads, s.head_dim, s.tokens_per_block, s.num_blocks, s.scale,
                     static_cast<int32_t>(p[kSlidingWindow]), s.attn_softcap, num_threads);
-    linear(s, delta, attn, p[kO], 0, T, s.hidden, static_cast<int32_t>(w.attn), num_threads);
+    linear(s.dtype, s.quantized, delta, attn, p[kO], 0, T, s.hidden, static_cast<int32_t>(w.attn), num_threads);
     // h += delta; x = norm(h)
     rms_norm(x, s.hidden, delta, s.hidden, h, s.hidden, ptr(p[kPostNorm]), dt, T, s.hidden,
              s.rms_norm_eps, num_threads);
-    linear(s, gate_up, x, p[kGateUp], 0, T, 2 * static_cast<int64_t>(s.intermediate), s.hidden,
+    linear(s.dtype, s.quantized, gate_up, x, p[kGateUp], 0, T, 2 * static_cast<int64_t>(s.intermediate), s.hidden,
            num_threads);
     silu_mul(act, gate_up, dt, T, s.intermediate, num_threads);
-    linear(s, delta, act, p[kDown], 0, T, s.hidden, s.intermediate, num_threads);
+    linear(s.dtype, s.quantized, delta, act, p[kDown], 0, T, s.hidden, s.intermediate, num_threads);
   }
   // the last layer's residual add, rounded as transformers' add in the model's dtype
   const int64_t n = static_cast<int64_t>(T) * s.hidden;
@@ -180,6 +184,52 @@ void decode_layers(void* h, int32_t T, const uintptr_t* layer_ptrs, const Decode
     auto* hf = static_cast<float*>(h);
     const auto* df = static_cast<const float*>(delta);
     for (int64_t i = 0; i < n; ++i) hf[i] += df[i];
+  }
+}
+
+int64_t decode_head_scratch_elements(const DecodeShape& s, const DecodeHead& head, int32_t num_rows) {
+  // the normed rows; bf16: the logits before they are widened to fp32
+  const int64_t logits = s.dtype == DType::kBFloat16 ? static_cast<int64_t>(head.vocab) : 0;
+  return static_cast<int64_t>(num_rows) * (s.hidden + logits);
+}
+
+void decode_head(float* logits, const void* h, int32_t T, const int32_t* rows, int32_t num_rows,
+                 const DecodeShape& s, const DecodeHead& head, void* scratch, int64_t scratch_elements,
+                 int32_t num_threads) {
+  check_dtype(s, head.quantized);
+  if (T < 1 || T > kLinearMaxRows)
+    throw std::invalid_argument("num_tokens: must be in [1, " + std::to_string(kLinearMaxRows) +
+                                "], got " + std::to_string(T));
+  if (num_rows < 1 || num_rows > kLinearMaxRows)
+    throw std::invalid_argument("num_rows: must be in [1, " + std::to_string(kLinearMaxRows) +
+                                "], got " + std::to_string(num_rows));
+  if (head.vocab < 1)
+    throw std::invalid_argument("head.vocab: must be at least 1, got " + std::to_string(head.vocab));
+  if (logits == nullptr || h == nullptr || rows == nullptr || scratch == nullptr || head.norm == nullptr ||
+      head.lm_head == 0)
+    throw std::invalid_argument("logits/h/rows/scratch/head.norm/head.lm_head: null pointer");
+  if (scratch_elements < decode_head_scratch_elements(s, head, num_rows))
+    throw std::invalid_argument("scratch: " + std::to_string(scratch_elements) + " elements, needs " +
+                                std::to_string(decode_head_scratch_elements(s, head, num_rows)));
+  for (int32_t i = 0; i < num_rows; ++i)
+    if (rows[i] < 0 || rows[i] >= T)
+      throw std::invalid_argument("rows: entry " + std::to_string(i) + " is " + std::to_string(rows[i]) +
+                                  ", outside [0, " + std::to_string(T) + ")");
+  const int64_t esize = s.dtype == DType::kBFloat16 ? 2 : 4;
+  char* x = static_cast<char*>(scratch);
+  const char* hc = static_cast<const char*>(h);
+  const int64_t row_bytes = static_cast<int64_t>(s.hidden) * esize;
+  // each row normed on its own: a row's result does not depend on the others
+  for (int32_t i = 0; i < num_rows; ++i)
+    rms_norm(x + i * row_bytes, s.hidden, hc + rows[i] * row_bytes, s.hidden, nullptr, s.hidden, head.norm,
+             s.dtype, 1, s.hidden, s.rms_norm_eps, 1);
+  if (s.dtype == DType::kBFloat16) {  // bf16 logits (as the model's dtype rounds them), then widened
+    auto* y = reinterpret_cast<uint16_t*>(x + num_rows * row_bytes);
+    linear(s.dtype, false, y, x, head.lm_head, 0, num_rows, head.vocab, s.hidden, num_threads);
+    const int64_t n = static_cast<int64_t>(num_rows) * head.vocab;
+    for (int64_t i = 0; i < n; ++i) logits[i] = cpu::bf16_to_f32(y[i]);
+  } else {
+    linear(s.dtype, head.quantized, logits, x, head.lm_head, 0, num_rows, head.vocab, s.hidden, num_threads);
   }
 }
 
