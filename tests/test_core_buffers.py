@@ -66,3 +66,22 @@ def test_a_manager_without_outside_views_is_freed_at_once():
     alive = weakref.ref(bm)
     del bm
     assert alive() is None
+
+
+def test_scheduled_shape_counts_sequences_tokens_and_attention_pairs():
+    """The step cost model's regressors of the batch just scheduled: a chunk of c tokens starting
+    at position s attends c * s + c * (c + 1) / 2 pairs, a generation row of a sequence of L
+    tokens L."""
+    bm = CoreBatchManager(max_batch_size=2, max_num_tokens=8, max_seq_len=32, tokens_per_block=4, num_blocks=16)
+    bm.add_request(1, array.array("i", [1, 2, 3, 4, 5]), 4)
+    assert bm.schedule(0.0) == (5, 1, 1)
+    assert bm.scheduled_shape() == (1, 5, 15)  # the whole prompt: 1 + 2 + ... + 5
+    bm.update(array.array("i", [9]), 0.0)
+    bm.add_request(2, array.array("i", list(range(10, 20))), 4)
+    assert bm.schedule(0.0) == (5, 2, 1)
+    # request 1's generation row (6 tokens) and the first 4-token chunk of request 2's prompt (1 + ... + 4)
+    assert bm.scheduled_shape() == (2, 5, 6 + 10)
+    bm.update(array.array("i", [9]), 0.0)
+    assert bm.schedule(0.0) == (7, 2, 2)
+    # request 1 (7 tokens) and the rest of request 2's prompt: 6 tokens from position 4
+    assert bm.scheduled_shape() == (2, 7, 7 + 6 * 4 + 21)

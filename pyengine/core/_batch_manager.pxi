@@ -115,6 +115,9 @@ cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
 cdef extern from "pyengine/step_cost.h" namespace "pyengine":
     cdef cppclass StepCostModel:
         double fixed_ms, per_seq_ms, per_token_ms, per_kpair_ms
+    cdef cppclass BatchShape:
+        int64_t seqs, tokens, pairs
+    BatchShape batch_shape(const int32_t* query_start_loc, const int32_t* seq_lens, int32_t num_seqs)
 
 cdef extern from "pyengine/batch_manager.h" namespace "pyengine":
     cdef cppclass BatchManager:
@@ -330,6 +333,13 @@ cdef class CoreBatchManager:
         else:
             m = &self.bm.schedule(now, <double> budget_ms)
         return m.num_tokens, m.num_seqs, m.num_logits
+
+    def scheduled_shape(self) -> tuple:
+        """(sequences, tokens, attention pairs) of the batch the last schedule() made: the step
+        cost model's regressors (batch_shape in pyengine/step_cost.h)."""
+        cdef const ForwardMetadata* m = &self.bm.metadata()
+        cdef BatchShape b = batch_shape(m.query_start_loc.data(), m.seq_lens.data(), m.num_seqs)
+        return b.seqs, b.tokens, b.pairs
 
     def set_step_cost_model(self, double fixed_ms, double per_seq_ms, double per_token_ms,
                             double per_kpair_ms) -> None:

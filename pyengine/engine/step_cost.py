@@ -40,17 +40,6 @@ def features(seqs: int, tokens: int, pairs: int) -> np.ndarray:
     return np.array([1.0, seqs, tokens, pairs * 1e-3])
 
 
-def batch_shape(query_start_loc, seq_lens, num_seqs: int) -> tuple[int, int, int]:
-    """(sequences, tokens, attention pairs) of a scheduled batch, from its metadata: sequence i
-    computes c = query_start_loc[i+1] - query_start_loc[i] tokens ending at position seq_lens[i],
-    c * (seq_lens[i] - c) + c * (c + 1) / 2 pairs (as chunk_attention_pairs in step_cost.h)."""
-    q = np.asarray(query_start_loc[:num_seqs + 1], dtype=np.int64)
-    chunks = np.diff(q)
-    starts = np.asarray(seq_lens[:num_seqs], dtype=np.int64) - chunks
-    pairs = int(np.sum(chunks * starts + chunks * (chunks + 1) // 2))
-    return num_seqs, int(q[-1] - q[0]), pairs
-
-
 def _nonnegative_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """argmin |a x - b| over x >= 0 (a: rows x coefficients) by dropping the most negative
     coefficient and refitting the rest until none is negative (exact for the few, mostly
@@ -223,7 +212,7 @@ def calibrate(bm: CoreBatchManager, runner: ModelRunner, shapes: list[list[int]]
             for _ in range(repeats + 1):
                 num_tokens, num_seqs, num_logits = bm.schedule(0.0)
                 try:
-                    shape = batch_shape(runner.query_start_loc, runner.seq_lens, num_seqs)
+                    shape = bm.scheduled_shape()
                     t0 = time.perf_counter()
                     runner.forward(num_tokens, num_seqs, num_logits)
                     if runner.is_cuda:

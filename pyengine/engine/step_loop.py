@@ -37,7 +37,7 @@ from pyengine.core import CoreBatchManager, FinishReason
 from pyengine.engine.interrupts import InterruptGate
 from pyengine.engine.outputs import RequestOutput, RequestRecord, metrics_from_core
 from pyengine.engine.requests import RequestTable
-from pyengine.engine.step_cost import OnlineStepCost, batch_shape
+from pyengine.engine.step_cost import OnlineStepCost
 from pyengine.runtime.draft_runner import DraftModelRunner, Proposal
 from pyengine.runtime.model_runner import Forwarded, ModelRunner
 from pyengine.sampling import DraftRows, SampleResult, Sampler, drafts_allowed
@@ -211,7 +211,7 @@ class StepLoop:
             batch = Batch(num_tokens, num_seqs, num_logits, events, num_drafts=bm.num_draft_tokens if num_seqs else 0,
                           num_generation_seqs=bm.num_generation_seqs if num_seqs else 0)
             if self.step_cost is not None and num_seqs:
-                batch.shape = batch_shape(self.runner.query_start_loc, self.runner.seq_lens, num_seqs)
+                batch.shape = bm.scheduled_shape()
             self._assign_sampler_rows(events)
             if num_seqs and self.table.num_owed_prompt_logprobs:
                 batch.prompt_rows = self._prompt_logprob_rows(num_seqs)

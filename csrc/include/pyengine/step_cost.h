@@ -36,4 +36,22 @@ inline int64_t chunk_attention_pairs(int64_t start, int64_t chunk) {
   return chunk * start + chunk * (chunk + 1) / 2;
 }
 
+// A scheduled batch as the model sees it: sequences, tokens, attention pairs.
+struct BatchShape {
+  int64_t seqs = 0, tokens = 0, pairs = 0;
+};
+
+// The shape of a batch from its forward metadata: sequence i computes the tokens
+// query_start_loc[i] .. query_start_loc[i + 1] - 1, ending at position seq_lens[i] - 1.
+inline BatchShape batch_shape(const int32_t* query_start_loc, const int32_t* seq_lens, int32_t num_seqs) {
+  BatchShape b;
+  b.seqs = num_seqs;
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    const int64_t chunk = query_start_loc[i + 1] - query_start_loc[i];
+    b.tokens += chunk;
+    b.pairs += chunk_attention_pairs(seq_lens[i] - chunk, chunk);
+  }
+  return b;
+}
+
 }  // namespace pyengine
