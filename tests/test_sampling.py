@@ -9,7 +9,7 @@ from transformers.generation import logits_process as hf
 
 from hf_reference import hf_model
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig
-from pyengine.sampling.sampler import (Sampler, apply_min_p, apply_presence_frequency, apply_repetition_penalty,
+from pyengine.sampling.sampler import (Sampler, greedy_tokens, apply_min_p, apply_presence_frequency, apply_repetition_penalty,
                               apply_top_k, apply_top_p, counter_uniform, sample_inverse_cdf)
 
 
@@ -310,3 +310,33 @@ def test_inverse_cdf_steps_back_inside_a_group():
     assert sample_inverse_cdf(logits, u).tolist() == [2]
     # an ordinary draw is unchanged by the step-back
     assert sample_inverse_cdf(logits, torch.tensor([0.0], dtype=torch.float64)).tolist() == [0]
+
+
+@pytest.mark.parametrize("vocab", [1, 5, 16, 17, 1000, 32000])
+def test_greedy_tokens_are_torch_argmax_with_its_ties_and_nans(vocab):
+    """pyengine's argmax kernel (fp32 on the CPU) picks what torch.argmax picks: the first of equal
+    largest values (-0.0 and 0.0 are equal), the first NaN of a row that has one; rows `stride`
+    apart (a slice of a wider buffer)."""
+    g = torch.Generator().manual_seed(vocab)
+    wide = torch.randn(8, vocab + 3, generator=g)
+    x = wide[:, :vocab]
+    x[1] = 2.0                                    # all equal: index 0
+    x[2, vocab // 2:] = 7.0                       # ties at the top: the first of them
+    x[3] = float("-inf")                          # all -inf
+    x[4, vocab - 1] = float("nan")                # a NaN wins, wherever it is
+    x[5, :] = -1.0
+    x[5, vocab // 3] = -0.0                       # -0.0 and 0.0 are one value
+    x[5, vocab - 1] = 0.0
+    x[6, vocab // 2] = float("nan")
+    x[6, vocab - 1] = float("nan")
+    x[7, 0] = float("inf")
+    got = greedy_tokens(x)
+    assert got.dtype == torch.int32 and x.stride(0) == vocab + 3
+    assert got.tolist() == torch.argmax(x, dim=-1).tolist()
+    assert got[4] == vocab - 1 and got[6] == vocab // 2
+
+
+def test_greedy_tokens_of_other_dtypes_and_no_rows():
+    x = torch.randn(3, 50).to(torch.bfloat16)  # not the kernel's: torch's argmax
+    assert torch.equal(greedy_tokens(x), torch.argmax(x, dim=-1).to(torch.int32))
+    assert greedy_tokens(torch.zeros(0, 50)).tolist() == []

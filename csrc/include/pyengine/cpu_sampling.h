@@ -1,0 +1,13 @@
+// Greedy sampling on the CPU: the argmax of each row of fp32 logits.
+#pragma once
+
+#include <cstdint>
+
+namespace pyengine::kernels {
+
+// out[r] = the index of the largest value of row r of `logits` (num_rows rows of `vocab_size`
+// values, `logits_stride` apart), as torch.argmax defines it: the first of equal largest values,
+// and the first NaN where a row has one. Throws std::invalid_argument for bad sizes or strides.
+void argmax_rows(int32_t* out, const float* logits, int64_t logits_stride, int32_t num_rows, int32_t vocab_size);
+
+}  // namespace pyengine::kernels
