@@ -13,6 +13,7 @@ from test_overlap import drive, make_engine, mixed_params
 def padded_engine(model_dir, overlap: bool, pad_sizes: list[int]):
     engine = make_engine(model_dir, overlap=overlap, max_batch_size=8, max_num_tokens=64)
     engine._runner.decode_pad_sizes = pad_sizes
+    engine._runner.token_buffer = True  # as on a GPU: generation rows read the last tokens from the runner's buffer
     rows = []  # (real logits rows, rows sampled) per forward
     forward = engine._runner.forward
 

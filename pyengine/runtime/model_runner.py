@@ -32,6 +32,9 @@ logger = logging.getLogger("pyengine")
 LIVE_KV_POOLS: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
 
 # The C++ metadata buffers the forward reads, with their dtypes.
+# Batch shapes whose metadata views a CPU runner keeps (_batch_views); past this many, it starts over.
+_MAX_KEPT_VIEWS = 256
+
 _BUFFERS = {"input_ids": torch.int32, "positions": torch.int32, "slot_mapping": torch.int32,
             "query_start_loc": torch.int32, "seq_lens": torch.int32, "block_tables": torch.int32,
             "logits_indices": torch.int32, "logits_slots": torch.int32, "seq_slots": torch.int32,
@@ -108,9 +111,15 @@ class ModelRunner:
         self.logits_indices, self.logits_slots = h["logits_indices"], h["logits_slots"]
         self.logits_offsets = h["logits_offsets"]  # a row's index among its sequence's (drafts)
         self.seq_slots, self.request_ids = h["seq_slots"], h["request_ids"]
-        # The last token sampled for each slot (+ the scratch row): generation rows read
-        # their input from here, so a step never waits for the host to learn the previous
-        # step's tokens (the overlap loop's token buffer). On the model's device.
+        # The last token sampled for each slot (+ the scratch row): on a GPU, generation rows
+        # read their input from here, so a step never waits for the host to learn the previous
+        # step's tokens (the overlap loop's token buffer). On the model's device. On the CPU the
+        # tokens are on the host when sampled and each step's update precedes the next
+        # schedule (in both loops), so the batch manager's input ids are already the last
+        # tokens: the buffer is not used (its gather and scatter cost a batch-1 step ~0.15 ms).
+        # (Tests of the GPU's padding rows turn it on on the CPU.)
+        self.token_buffer = self.is_cuda
+        self._views: dict[tuple[int, int, int], tuple] = {}  # _batch_views, per batch shape (CPU)
         self.last_tokens = torch.zeros(bm.num_slots + 1, dtype=torch.int32, device=self.device)
         # Decode batches of n rows are padded to the smallest of these sizes >= n (the CUDA
         # graphs' sizes; on the CPU only for tests of the padding itself).
@@ -239,21 +248,38 @@ class ModelRunner:
         """The model on a batch whose metadata is in `bufs` (the host views on the CPU, the
         device buffers on a GPU); generation rows take their input from the token buffer (a
         sequence with draft tokens: its first row)."""
-        if ngen:
+        if ngen and self.token_buffer:
             first = bufs["query_start_loc"][:ngen].long() if drafts else slice(0, ngen)
             bufs["input_ids"][first] = self.last_tokens[bufs["seq_slots"][:ngen].long()]
-        rows = bufs["logits_indices"][:num_logits]
+        input_ids, positions, meta, rows, slots = self._batch_views(bufs, num_tokens, num_seqs, num_logits,
+                                                                    max_query_len, max_context_len)
         if extra_rows is not None:
             rows = torch.cat([rows, extra_rows.to(self.device)])
-        meta = AttentionMetadata(
-            slot_mapping=bufs["slot_mapping"][:num_tokens], query_start_loc=bufs["query_start_loc"][: num_seqs + 1],
-            seq_lens=bufs["seq_lens"][:num_seqs], block_tables=bufs["block_tables"][:num_seqs],
-            max_query_len=max_query_len, max_context_len=max_context_len,
-            workspace=self.workspace if self.is_cuda else None, k_scale=self.k_scale, v_scale=self.v_scale,
-            cpu_decode=self.cpu_decode)
-        logits = self.model.forward(bufs["input_ids"][:num_tokens], bufs["positions"][:num_tokens], meta,
-                                    self.kv_caches, rows)
-        return Forwarded(logits, num_logits, bufs["logits_slots"][:num_logits])
+        logits = self.model.forward(input_ids, positions, meta, self.kv_caches, rows)
+        return Forwarded(logits, num_logits, slots)
+
+    def _batch_views(self, bufs: dict[str, torch.Tensor], num_tokens: int, num_seqs: int, num_logits: int,
+                     max_query_len: int | None, max_context_len: int | None) -> tuple:
+        """(input ids, positions, attention metadata, logits rows, logits slots) of a batch: views of
+        the fixed metadata buffers. On the CPU they are kept per batch shape: a batch-1 step would
+        otherwise pay a dozen slicing operations, run with caches cold from the weight stream."""
+        key = (num_tokens, num_seqs, num_logits)
+        views = self._views.get(key) if not self.is_cuda else None
+        if views is None:
+            meta = AttentionMetadata(
+                slot_mapping=bufs["slot_mapping"][:num_tokens],
+                query_start_loc=bufs["query_start_loc"][: num_seqs + 1], seq_lens=bufs["seq_lens"][:num_seqs],
+                block_tables=bufs["block_tables"][:num_seqs], max_query_len=max_query_len,
+                max_context_len=max_context_len, workspace=self.workspace if self.is_cuda else None,
+                k_scale=self.k_scale, v_scale=self.v_scale, cpu_decode=self.cpu_decode)
+            views = (bufs["input_ids"][:num_tokens], bufs["positions"][:num_tokens], meta,
+                     bufs["logits_indices"][:num_logits], bufs["logits_slots"][:num_logits])
+            if not self.is_cuda:
+                if len(self._views) >= _MAX_KEPT_VIEWS:
+                    self._views.clear()
+                self._views[key] = views
+        views[2].cpu_decode = self.cpu_decode  # (tests turn the one-call path off on a live runner)
+        return views
 
     def decode_forward(self, size: int) -> torch.Tensor:
         """The forward of a decode batch of `size` rows, entirely from the device buffers (the
@@ -278,7 +304,10 @@ class ModelRunner:
 
     def record_tokens(self, forwarded: Forwarded, tokens: torch.Tensor, last_rows: list[int] | None = None) -> None:
         """Commits a step's sampled tokens to the token buffer (padding rows: the scratch row).
-        `last_rows` (speculative decoding): the row of each sequence's last kept token."""
+        `last_rows` (speculative decoding): the row of each sequence's last kept token. (No
+        buffer on the CPU: see token_buffer.)"""
+        if not self.token_buffer:
+            return
         with self.stream_context():
             if last_rows is None:
                 self.last_tokens[forwarded.slots.long()] = tokens
