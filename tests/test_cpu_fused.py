@@ -212,6 +212,30 @@ def test_cpp_decode_layers_switch_to_the_gemm_where_the_python_forward_does(chec
         assert torch.equal(a, b)
 
 
+def test_cpp_decode_layers_take_fp32_batches_of_up_to_64_rows_where_the_gemm_is_routed(checkpoint_factory,
+                                                                                       monkeypatch, cpu_isa):
+    """Past 16 rows the model's fp32 linears are the GEMM at the avx2 and avx512 levels, as the
+    C++ path's: decode steps of 40 rows run in one call there, bit for bit as the Python forward;
+    at the portable level the Python forward takes them (torch's matmul)."""
+    model_dir = checkpoint_factory("fused_llama", model_type="llama", num_heads=4, num_kv_heads=2)
+    prompts = [[1 + i, 5 + i, 9 + (i % 7)] + list(range(20, 20 + i % 5)) for i in range(40)]
+    runs = []
+    real_run = fused_decode.CpuDecodeLayers.run
+    for cpp in (False, True):
+        calls = []
+        monkeypatch.setattr(fused_decode.CpuDecodeLayers, "run",
+                            lambda self, h, *a: (calls.append(h.shape[0]), real_run(self, h, *a))[1])
+        runs.append(decode_logits(model_dir, cpp=cpp, monkeypatch=monkeypatch, prompts=prompts, dtype="float32",
+                                  max_batch_size=40, record_rows=40) + (calls,))
+    (tokens_py, logits_py, calls_py), (tokens_cpp, logits_cpp, calls_cpp) = runs
+    assert 40 not in calls_py  # (start-up's dummy batches ran before the path was turned off)
+    assert (40 in calls_cpp) == (cpu_isa in ("avx2", "avx512"))
+    assert tokens_cpp == tokens_py
+    assert len(logits_cpp) == len(logits_py) >= 11 and all(a.shape[0] == 40 for a in logits_py)
+    for a, b in zip(logits_cpp, logits_py):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])
 @pytest.mark.parametrize("variant", [dict(model_type="llama", num_heads=4, num_kv_heads=2),
                                      dict(model_type="qwen2", num_heads=4, num_kv_heads=1, tie_word_embeddings=True)])
@@ -480,3 +504,21 @@ def test_cpp_head_refuses_bad_rows(checkpoint_factory, rows, match):
                                           2)
     with pytest.raises(ValueError, match=match):
         layers.logits(torch.randn(7, c.hidden_size), torch.tensor(rows, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("exact_fp32", [False, True])
+def test_cpp_head_takes_a_float_head_of_a_quantized_model_where_the_model_would(checkpoint_factory, monkeypatch,
+                                                                               exact_fp32):
+    """quantize_lm_head=False keeps the head in fp32: the one-call path computes it with pyengine's
+    fp32 kernel, as the model's linear does -- except with exact_fp32, where the model keeps
+    torch's matmul and so the head stays the model's."""
+    model_dir = checkpoint_factory("fused_llama", model_type="llama", num_heads=4, num_kv_heads=2)
+    engine = Engine(model_dir, dtype="float32", quantization="q8_0", quantize_lm_head=False, exact_fp32=exact_fp32,
+                    max_seq_len=256)
+    decode = engine._runner.cpu_decode
+    assert not decode.head_quantized and decode.has_head == (not exact_fp32)
+    if not exact_fp32:
+        model = engine._runner.model
+        h = torch.randn(3, model.config.hidden_size)
+        rows = torch.tensor([2, 0], dtype=torch.int32)
+        assert torch.equal(decode.logits(h, rows), model._logits(h[rows.long()], fused=True))

@@ -84,14 +84,27 @@ class CpuDecodeLayers:
             # Gemma 2's attn_logit_softcapping (None or absent: off)
             attn_softcap=check_softcap(getattr(model, "attn_softcap", 0.0) or 0.0))
         # the row counts at which the model's linears are pyengine's kernels (see layers.linear.dense;
-        # quantized weights: at any count, up to what one call takes)
+        # quantized weights: at any count, up to what one call takes; fp32: see max_rows)
         if self.quantized:
-            self.max_rows = _core.LINEAR_MAX_ROWS
+            self._max_rows = _core.LINEAR_MAX_ROWS
+        elif model.dtype == torch.bfloat16:
+            self._max_rows = model.bf16_kernel_max_rows
         else:
-            self.max_rows = model.bf16_kernel_max_rows if model.dtype == torch.bfloat16 else FAST_FP32_MAX_ROWS
-        self.scratch = torch.empty(self.shape.scratch_elements(self.max_rows), dtype=model.dtype)
+            self._max_rows = None
+        self.scratch = torch.empty(self.shape.scratch_elements(self._max_rows or _core.LINEAR_MAX_ROWS),
+                                   dtype=model.dtype)
         self.cos, self.sin = model.cos, model.sin
         self._bind_head(model)
+
+    @property
+    def max_rows(self) -> int:
+        """The most rows a call takes: where the model's linears are pyengine's kernels. fp32:
+        LINEAR_MAX_ROWS where the GEMM is routed (the active level, read each time: `dense` takes
+        gemm_f32 from GEMM_MIN_ROWS rows on, as this path's linears do), else FAST_FP32_MAX_ROWS
+        (past it `dense` takes torch's matmul)."""
+        if self._max_rows is not None:
+            return self._max_rows
+        return _core.LINEAR_MAX_ROWS if _core._gemm_routed() else FAST_FP32_MAX_ROWS
 
     def _bind_head(self, model) -> None:
         """The final norm and output projection for `logits` (decode_head): a head of the model's
@@ -110,6 +123,9 @@ class CpuDecodeLayers:
             self.vocab = head.n
         else:
             if head.dtype != model.dtype or head.dim() != 2 or not head.is_contiguous() or not head.is_cpu:
+                return
+            # the model's own linear takes pyengine's kernels for it (not with exact_fp32: torch's)
+            if not (model.fast_fp32 if model.dtype == torch.float32 else model.bf16_kernel_max_rows):
                 return
             self.head_ptr = head.data_ptr()
             self.vocab = head.shape[0]
