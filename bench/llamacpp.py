@@ -10,7 +10,8 @@ of --repeats):
            pyengine: 128 / time to first token of one request with max_tokens=1;
            qwen3-0.6b-shape: 512 tokens, --pp to change)
 - tg:      batch-1 decode tokens/s, 128 tokens        (llama-bench -p 0 -n 128;
-           pyengine: W2's decode rate, 127 tokens after the first, 128-token prompt)
+           pyengine: W2's decode rate, 127 tokens after the first, 128-token prompt;
+           --tg-prompt 1: after a 1-token prompt, the empty context llama-bench starts from)
 - batched: 64 sequences x (128 prompt + 128 generated) (llama-batched-bench -npp 128
            -ntg 128 -npl 64; pyengine: 64 requests through Engine.generate), total and
            generated tokens/s over the whole run's wall time
@@ -95,11 +96,12 @@ QUICK = Sizes(pp=64, tg=64, npp=64, ntg=64, npl=16, tg_prompt=64)
 MODEL_SIZES = {"smollm-135m-shape": Sizes(), "qwen3-0.6b-shape": Sizes(pp=512)}
 
 
-def sizes_for(model: str, quick: bool = False, pp: int | None = None) -> Sizes:
+def sizes_for(model: str, quick: bool = False, pp: int | None = None, tg_prompt: int | None = None) -> Sizes:
     """The figures' sizes: the model's (pp128, or pp512 for qwen3-0.6b-shape; tg128; 64 x
-    (128 + 128)), or --quick's; ``pp`` overrides the prompt length of pp."""
+    (128 + 128)), or --quick's; ``pp`` overrides the prompt length of pp, ``tg_prompt`` the
+    prompt pyengine's tg decodes after."""
     base = QUICK if quick else MODEL_SIZES[model]
-    return Sizes(**{**vars(base), **({"pp": pp} if pp else {})})
+    return Sizes(**{**vars(base), **({"pp": pp} if pp else {}), **({"tg_prompt": tg_prompt} if tg_prompt else {})})
 
 
 # --------------------------------------------------------------------------------------
@@ -463,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the benchmark model (default %(default)s)")
     p.add_argument("--pp", type=int, default=None,
                    help="prompt length of pp (default: 128; 512 for qwen3-0.6b-shape; --quick 64)")
+    p.add_argument("--tg-prompt", type=int, default=None,
+                   help="the prompt pyengine's tg decodes after (default 128: W2's; llama-bench's tg starts from "
+                        "an empty context, so 1 compares the same contexts)")
     p.add_argument("--threads", type=int, default=BENCH_THREADS, help="threads for both engines (default 2)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per figure and engine (default 3; --quick 1)")
     p.add_argument("--quick", action="store_true", help="pp/tg 64, 16 sequences of 64+64, 1 repeat")
@@ -485,9 +490,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--repeats and --threads must be >= 1")
     if args.pp is not None and args.pp < 1:
         p.error("--pp must be >= 1")
+    if args.tg_prompt is not None and args.tg_prompt < 1:
+        p.error("--tg-prompt must be >= 1")
     if args.no_memory and args.memory_only:
         p.error("--no-memory and --memory-only exclude each other")
-    sizes = sizes_for(args.model, args.quick, args.pp)
+    sizes = sizes_for(args.model, args.quick, args.pp, args.tg_prompt)
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -516,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     info["torch_threads"] = args.threads
     flags = llamacpp_build.cpu_flags()
     what = "memory and tensor types only" if args.memory_only else (
-        f"pp{sizes.pp}, tg{sizes.tg}, batched {sizes.npl} x ({sizes.npp}+{sizes.ntg}); median of {args.repeats}, "
+        f"pp{sizes.pp}, tg{sizes.tg} (pyengine after a {sizes.tg_prompt}-token prompt), "
+        f"batched {sizes.npl} x ({sizes.npp}+{sizes.ntg}); median of {args.repeats}, "
         "alternating llama.cpp / pyengine")
     print(f"\npyengine vs llama.cpp — {'quick: ' if args.quick else ''}{what}")
     print(f"  machine: {info['cpu']} ({' '.join(flags) or 'flags unknown'}), {info['logical_cpus']} CPUs, "

@@ -185,8 +185,9 @@ class SpeculativeConfig:
         capacity).
     num_speculative_tokens: the most draft tokens a step of one request carries. Each draft is
         one more query row in the forward: on the CPU keep 1 + k within the rows the
-        one-call decode path takes (startup_report()["cpu_one_call_decode_max_rows"]: 16 in
-        fp32, 4 in bf16 on CPUs with AMX), past which a step costs much more.
+        one-call decode path takes (startup_report()["cpu_one_call_decode_max_rows"]: 64 in
+        fp32 at the avx2 and avx512 levels, 16 at the portable one, 4 in bf16 on CPUs with AMX),
+        past which a step costs much more.
     prompt_lookup_min, prompt_lookup_max: the n-gram sizes tried ("ngram").
     draft_model: the draft model's Hugging Face checkpoint directory ("draft_model"; its
         tokenizer must be the target's). It runs in the engine's dtype, on the CPU.

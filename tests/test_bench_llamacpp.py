@@ -129,6 +129,8 @@ def test_sizes_per_model():
     assert llamacpp.sizes_for("qwen3-0.6b-shape", quick=True) == llamacpp.QUICK
     assert llamacpp.sizes_for("smollm-135m-shape", pp=256).pp == 256
     assert llamacpp.sizes_for("qwen3-0.6b-shape", quick=True, pp=32).pp == 32
+    s = llamacpp.sizes_for("qwen3-0.6b-shape", tg_prompt=1)  # tg from (nearly) the empty context llama-bench's has
+    assert (s.pp, s.tg, s.tg_prompt) == (512, 128, 1)
     assert llamacpp.QUICK.pp == 64  # unchanged by the calls above
 
 
