@@ -31,10 +31,10 @@ logger = logging.getLogger("pyengine")
 # Every KV pool alive in the process (tests check that a failed start-up leaves none).
 LIVE_KV_POOLS: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
 
-# The C++ metadata buffers the forward reads, with their dtypes.
 # Batch shapes whose metadata views a CPU runner keeps (_batch_views); past this many, it starts over.
 _MAX_KEPT_VIEWS = 256
 
+# The C++ metadata buffers the forward reads, with their dtypes.
 _BUFFERS = {"input_ids": torch.int32, "positions": torch.int32, "slot_mapping": torch.int32,
             "query_start_loc": torch.int32, "seq_lens": torch.int32, "block_tables": torch.int32,
             "logits_indices": torch.int32, "logits_slots": torch.int32, "seq_slots": torch.int32,

@@ -89,6 +89,13 @@ void check_dtype(const DecodeShape& s, bool quantized) {
     throw std::invalid_argument("shape.dtype: quantized weights compute with float32 activations");
 }
 
+// A row count one call takes: 1..kLinearMaxRows (what the linear kernels take at once).
+void check_rows(const char* name, int32_t n) {
+  if (n < 1 || n > kLinearMaxRows)
+    throw std::invalid_argument(std::string(name) + ": must be in [1, " + std::to_string(kLinearMaxRows) +
+                                "], got " + std::to_string(n));
+}
+
 }  // namespace
 
 int64_t decode_scratch_elements(const DecodeShape& s, int32_t num_tokens) {
@@ -103,9 +110,7 @@ void decode_layers(void* h, int32_t T, const uintptr_t* layer_ptrs, const Decode
                    const int32_t* seq_lens, const int32_t* block_tables, int32_t num_seqs,
                    void* scratch, int64_t scratch_elements, int32_t num_threads) {
   check_dtype(s, s.quantized);
-  if (T < 1 || T > kLinearMaxRows)
-    throw std::invalid_argument("num_tokens: must be in [1, " + std::to_string(kLinearMaxRows) +
-                                "], got " + std::to_string(T));
+  check_rows("num_tokens", T);
   if (h == nullptr || layer_ptrs == nullptr || scratch == nullptr)
     throw std::invalid_argument("h/layer_ptrs/scratch: null pointer");
   if (scratch_elements < decode_scratch_elements(s, T))
@@ -197,12 +202,8 @@ void decode_head(float* logits, const void* h, int32_t T, const int32_t* rows, i
                  const DecodeShape& s, const DecodeHead& head, void* scratch, int64_t scratch_elements,
                  int32_t num_threads) {
   check_dtype(s, head.quantized);
-  if (T < 1 || T > kLinearMaxRows)
-    throw std::invalid_argument("num_tokens: must be in [1, " + std::to_string(kLinearMaxRows) +
-                                "], got " + std::to_string(T));
-  if (num_rows < 1 || num_rows > kLinearMaxRows)
-    throw std::invalid_argument("num_rows: must be in [1, " + std::to_string(kLinearMaxRows) +
-                                "], got " + std::to_string(num_rows));
+  check_rows("num_tokens", T);
+  check_rows("num_rows", num_rows);
   if (head.vocab < 1)
     throw std::invalid_argument("head.vocab: must be at least 1, got " + std::to_string(head.vocab));
   if (logits == nullptr || h == nullptr || rows == nullptr || scratch == nullptr || head.norm == nullptr ||
