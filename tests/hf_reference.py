@@ -18,8 +18,10 @@ def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int, dtype: to
               stop_at_eos: bool = False, device: str = "cpu") -> list[int]:
     """Greedy continuation by transformers' generate (one prompt, no padding)."""
     model = hf_model(str(model_dir), dtype, device)
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
-                           eos_token_id=model.config.eos_token_id if stop_at_eos else None)
+    # Not stopping: an id past the vocabulary, which is never generated. (None is no answer: some
+    # transformers versions fill an unset eos_token_id from the model's generation config.)
+    eos = model.config.eos_token_id if stop_at_eos else model.config.get_text_config().vocab_size
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0, eos_token_id=eos)
     with torch.inference_mode():
         out = model.generate(torch.tensor([prompt], device=device),
                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),

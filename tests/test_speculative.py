@@ -82,7 +82,7 @@ def test_greedy_outputs_equal_transformers_on_a_model_that_rarely_copies(llama_d
     prompts = make_prompts(1, (7, 33, 64))
     # transformers stops at the model's end-of-sequence token (config.json), and so do we here
     outs = generate(make_engine(llama_dir, SPEC), prompts, SamplingParams(temperature=0.0, max_tokens=32))
-    assert [o.token_ids for o in outs] == [hf_greedy(llama_dir, p, 32) for p in prompts]
+    assert [o.token_ids for o in outs] == [hf_greedy(llama_dir, p, 32, stop_at_eos=True) for p in prompts]
 
 
 def drive(engine: Engine, prompts, params, drafts_for) -> list:
