@@ -37,4 +37,9 @@ void linear_quant(void*, int64_t, const void*, int64_t, DType, int32_t, const vo
   not_built();
 }
 
+void dequantize_rows(void*, int64_t, DType, const void*, QuantType, int32_t, int32_t, const int64_t*, int64_t, int32_t,
+                     int32_t, void*) {
+  not_built();
+}
+
 }  // namespace pyengine::kernels::cuda

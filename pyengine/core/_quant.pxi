@@ -97,6 +97,9 @@ cdef extern from "pyengine/cuda_quant.h" namespace "pyengine::kernels::cuda" nog
     void cuda_linear_quant "pyengine::kernels::cuda::linear_quant" (
         void* y, int64_t ldy, const void* x, int64_t ldx, DType dtype, int32_t M, const void* weight,
         QuantType type, int32_t N, int32_t K, const void* bias, int32_t device, void* stream) except +
+    void cuda_dequantize_rows "pyengine::kernels::cuda::dequantize_rows" (
+        void* out, int64_t ldo, DType dtype, const void* weight, QuantType type, int32_t N, int32_t K,
+        const int64_t* ids, int64_t base, int32_t rows, int32_t device, void* stream) except +
 
 
 def _cuda_linear_quant(uintptr_t y, int64_t ldy, uintptr_t x, int64_t ldx, int dtype, int32_t M,
@@ -105,3 +108,10 @@ def _cuda_linear_quant(uintptr_t y, int64_t ldy, uintptr_t x, int64_t ldx, int d
     with nogil:
         cuda_linear_quant(<void*>y, ldy, <const void*>x, ldx, <DType>dtype, M, <const void*>weight,
                           <QuantType>type_id, N, K, <const void*>bias, device, <void*>stream)
+
+
+def _cuda_dequantize_rows(uintptr_t out, int64_t ldo, int dtype, uintptr_t weight, int32_t type_id, int32_t N,
+                          int32_t K, uintptr_t ids, int64_t base, int32_t rows, int32_t device, uintptr_t stream):
+    with nogil:
+        cuda_dequantize_rows(<void*>out, ldo, <DType>dtype, <const void*>weight, <QuantType>type_id, N, K,
+                             <const int64_t*>ids, base, rows, device, <void*>stream)

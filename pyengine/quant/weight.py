@@ -1,5 +1,5 @@
-"""`QuantizedWeight`: a weight matrix [N, K] stored in quantized blocks on the CPU, with the
-operations a model needs from it -- the linear layer, an embedding lookup, dequantization.
+"""`QuantizedWeight`: a weight matrix [N, K] stored in quantized blocks on the CPU or a GPU, with
+the operations a model needs from it -- the linear layer, an embedding lookup, dequantization.
 
 The rows may come in groups of different formats (a GGUF file can store q and k in Q4_K and v
 in Q6_K; pyengine fuses them into one qkv matrix all the same): each group is a uint8 tensor
@@ -18,6 +18,15 @@ import pyengine.core._core as _core
 from pyengine.quant.formats import INTERLEAVED_LAYOUTS, QuantFormat, quant_format
 
 __all__ = ["QuantizedWeight"]
+
+# On a GPU, a linear layer of at most this many rows of x runs the weight-only GEMV kernel
+# (the weights read once per 8 rows); more rows dequantize the weights chunk by chunk into x's
+# dtype and take torch's GEMM (bench/quant_linear_cuda.py measures both).
+CUDA_GEMV_MAX_ROWS = 8
+# the scratch of that path: at most this many weights at a time (32 MiB in bf16)
+CUDA_DEQUANT_CHUNK_ELEMS = 1 << 24
+# pyengine's DType codes (pyengine/kernels.h) of the activation dtypes the GPU kernels take
+_CUDA_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def _check_float(t: torch.Tensor, name: str) -> None:
@@ -182,9 +191,11 @@ class QuantizedWeight:
             row += data.shape[0]
 
     def dequantize(self) -> torch.Tensor:
-        """The fp32 values [N, K] (on the weights' device; a GPU's are computed on the CPU)."""
-        if self.device.type != "cpu":
-            return self.to("cpu").dequantize().to(self.device)
+        """The fp32 values [N, K] (on the weights' device, computed there)."""
+        if self.device.type == "cuda":
+            out = torch.empty((self.n, self.k), dtype=torch.float32, device=self.device)
+            self._dequantize_cuda(out, 0, self.n)
+            return out
         out = torch.empty((self.n, self.k), dtype=torch.float32)
         for fmt, data, row, rows in self._row_groups():
             _core._dequantize_rows(fmt.type_id, data.data_ptr(), out[row:].data_ptr(), rows, self.k)
@@ -193,8 +204,8 @@ class QuantizedWeight:
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """The fp32 rows `ids` (any shape of int ids): an embedding lookup. ValueError naming an id
         out of range."""
-        if self.device.type != "cpu":  # looked up on the CPU
-            return self.to("cpu").embedding(ids.cpu()).to(self.device)
+        if self.device.type == "cuda":
+            return self._embedding_cuda(ids)
         flat = ids.reshape(-1).to(torch.int64).contiguous()
         out = torch.empty((flat.numel(), self.k), dtype=torch.float32)
         if len(self.parts) == 1:
@@ -257,8 +268,56 @@ class QuantizedWeight:
             raise ValueError(f"bias: expected shape ({self.n},), got {tuple(bias.shape)}")
         return bias
 
+    # ---- on a GPU ----
+
+    def _cuda_call_args(self) -> tuple[int, int]:
+        return self.device.index, torch.cuda.current_stream(self.device).cuda_stream
+
+    def _embedding_cuda(self, ids: torch.Tensor) -> torch.Tensor:
+        """The fp32 rows `ids` from the blocks on the GPU, without a synchronization (so also
+        inside a CUDA graph): ids are not checked here, a row of an id outside [0, N) is NaN
+        (the engine checks token ids when a request is added)."""
+        flat = ids.reshape(-1).to(device=self.device, dtype=torch.int64).contiguous()
+        out = torch.full((flat.numel(), self.k), float("nan"), dtype=torch.float32, device=self.device)
+        device, stream = self._cuda_call_args()
+        for fmt, data, row, rows in self._row_groups():
+            _core._cuda_dequantize_rows(out.data_ptr(), out.stride(0), 0, data.data_ptr(), fmt.type_id, rows, self.k,
+                                        flat.data_ptr(), row, flat.numel(), device, stream)
+        return out.reshape(*ids.shape, self.k)
+
+    def _dequantize_cuda(self, out: torch.Tensor, first: int, count: int) -> None:
+        """out[0:count] = rows first..first+count-1 dequantized, in out's dtype (a row-major CUDA
+        tensor of float32, bfloat16 or float16)."""
+        code = _CUDA_DTYPE_CODES[out.dtype]
+        device, stream = self._cuda_call_args()
+        for fmt, data, row, rows in self._row_groups():
+            lo, hi = max(first, row), min(first + count, row + rows)
+            if lo < hi:  # the group's rows lo..hi-1 -> out rows lo-first..
+                _core._cuda_dequantize_rows(out[lo - first:].data_ptr(), out.stride(0), code, data.data_ptr(),
+                                            fmt.type_id, rows, self.k, 0, lo - row, hi - lo, device, stream)
+
+    def _linear_cuda_dequantized(self, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+        """The linear layer of many rows: chunks of the weights dequantized into x's dtype and
+        multiplied by torch's GEMM (tensor cores; fp32 sums, the bias added before the one
+        rounding); the chunks bound the scratch memory to CUDA_DEQUANT_CHUNK_ELEMS elements."""
+        chunk = max(1, CUDA_DEQUANT_CHUNK_ELEMS // self.k)
+        scratch = torch.empty((min(chunk, self.n), self.k), dtype=x.dtype, device=x.device)
+        for first in range(0, self.n, chunk):
+            count = min(chunk, self.n - first)
+            w = scratch[:count]
+            self._dequantize_cuda(w, first, count)
+            y = out[:, first: first + count]
+            if bias is None:
+                res = torch.mm(x, w.t(), out=y) if y.is_contiguous() else torch.mm(x, w.t())
+            else:
+                b = bias[first: first + count]
+                res = torch.addmm(b, x, w.t(), out=y) if y.is_contiguous() else torch.addmm(b, x, w.t())
+            if res is not y:
+                y.copy_(res)
+        return out
+
     def _linear_cuda(self, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
-        codes = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+        codes = _CUDA_DTYPE_CODES
         if x.device != self.device or x.dtype not in codes:
             raise ValueError(f"x: expected a float32, bfloat16 or float16 tensor on {self.device}, "
                              f"got {x.dtype} on {x.device}")
@@ -272,6 +331,8 @@ class QuantizedWeight:
         if m == 0:
             return out
         bias = self._bias_like(bias, x)
+        if m > CUDA_GEMV_MAX_ROWS:
+            return self._linear_cuda_dequantized(x.contiguous(), bias, out)
         stream = torch.cuda.current_stream(x.device).cuda_stream
         for fmt, data, row, rows in self._row_groups():
             b = 0 if bias is None else bias[row:].data_ptr()

@@ -22,10 +22,19 @@ namespace pyengine::kernels::cuda {
 // y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]) for W [N, K] quantized as `type` (a plain
 // layout: N rows of quant_row_bytes(type, K) bytes), x [M, K] and y [M, N] (rows ldx / ldy
 // elements apart) and bias [N] in `dtype` (float32, bfloat16 or float16). One warp per weight
-// row, each lane dequantizing 32 weights at a time into registers and multiplying them with up
-// to 8 rows of x per pass: reads the weights once per 8 rows of x (a GEMV at M = 1; larger M
-// repeats the pass, with no tensor-core tiles yet).
+// row, its lanes dequantizing 4 consecutive weights each (a warp covers 128 weights of the row
+// at a time) into registers and multiplying them with up to 8 rows of x per pass: reads the
+// weights once per 8 rows of x. A GEMV for small M; for larger M, dequantize_rows into a
+// scratch matrix and a tensor-core GEMM are faster (QuantizedWeight.linear chooses).
 void linear_quant(void* y, int64_t ldy, const void* x, int64_t ldx, DType dtype, int32_t M, const void* weight,
                   QuantType type, int32_t N, int32_t K, const void* bias, int32_t device, void* stream);
+
+// out[r, 0:K] (rows ldo elements apart, in `dtype`) = the dequantized weight row ids[r] - base
+// (ids: `rows` int64 device values), or without ids row base + r, for r < rows; an output row
+// whose source row is outside [0, N) is left unwritten (an embedding lookup validates its ids
+// before; a table split in row groups of several formats calls once per group with base = the
+// group's first row). The values are those of the CPU's dequantize_rows, rounded to `dtype`.
+void dequantize_rows(void* out, int64_t ldo, DType dtype, const void* weight, QuantType type, int32_t N, int32_t K,
+                     const int64_t* ids, int64_t base, int32_t rows, int32_t device, void* stream);
 
 }  // namespace pyengine::kernels::cuda
