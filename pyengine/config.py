@@ -24,6 +24,14 @@ QUEUE_POLICIES = tuple(_QUEUE_POLICIES)
 KV_CACHE_DTYPES = ("auto", *_KV_CACHE_DTYPES)
 
 
+
+def _device_type(device: str | torch.device) -> str | None:
+    """"cpu" or "cuda" for a device argument; None for one that is not a device."""
+    try:
+        return torch.device(device).type
+    except (RuntimeError, TypeError):
+        return None
+
 @dataclass
 class KvCacheConfig:
     """The paged KV cache.
@@ -317,15 +325,17 @@ class EngineConfig:
             raise TypeError(f"pack_bf16_weights must be a bool or None, got {self.pack_bf16_weights!r}")
         if not isinstance(self.quantize_lm_head, bool):
             raise TypeError(f"quantize_lm_head must be a bool, got {self.quantize_lm_head!r}")
+        on_cpu = _device_type(self.device) == "cpu"  # (a bad device is named when it is resolved)
         if self.quantization is not None:
             self.quantization = quantization_name(self.quantization)
-            if self.dtype != torch.float32:
-                raise ValueError(f"quantization={self.quantization!r} computes with float32 activations: dtype must "
-                                 f"be 'float32', got {self.dtype}")
+            if on_cpu and self.dtype != torch.float32:
+                raise ValueError(f"quantization={self.quantization!r} computes with float32 activations on the CPU: "
+                                 f"dtype must be 'float32', got {self.dtype}")
         spec = self.speculative_config
-        if isinstance(spec, SpeculativeConfig) and spec.draft_quantization is not None and self.dtype != torch.float32:
-            raise ValueError(f"draft_quantization={spec.draft_quantization!r} computes with float32 activations: "
-                             f"dtype must be 'float32', got {self.dtype}")
+        if (isinstance(spec, SpeculativeConfig) and spec.draft_quantization is not None and on_cpu
+                and self.dtype != torch.float32):
+            raise ValueError(f"draft_quantization={spec.draft_quantization!r} computes with float32 activations on "
+                             f"the CPU: dtype must be 'float32', got {self.dtype}")
 
     @property
     def num_seq_slots(self) -> int:

@@ -389,7 +389,7 @@ def test_arguments_a_gguf_file_rules_out(ckpt, gguf_file, tmp_path):
     assert (f"quantization='q8_0' does not apply to a GGUF file ({str(path)!r}): its tensors load as the file "
             "stores them") in startup_error(path, "config", quantization="q8_0")
     assert (f"GGUF file {str(path)!r} holds quantized tensors (Q4_K, Q6_K), which compute with float32 "
-            "activations: dtype must be 'float32', got torch.bfloat16") in startup_error(path, "config",
+            "activations on the CPU: dtype must be 'float32', got torch.bfloat16") in startup_error(path, "config",
                                                                                          dtype="bfloat16")
     missing = tmp_path / "nothing.gguf"
     assert f"GGUF file {str(missing)!r} does not exist" in startup_error(missing, "config")

@@ -149,7 +149,7 @@ def test_no_float_copy_of_quantized_weights(llama_q_dir):
     (dict(quantization="q5_1"), "config",
      "unsupported quantization format 'q5_1'; supported: q8_0, q5_0, q4_0, q4_k, q6_k, q4_z"),
     (dict(quantization="q4_0", dtype="bfloat16"), "config",
-     "quantization='q4_0' computes with float32 activations: dtype must be 'float32', got torch.bfloat16"),
+     "quantization='q4_0' computes with float32 activations on the CPU: dtype must be 'float32', got torch.bfloat16"),
     (dict(quantization="q4_0", quantize_lm_head="yes"), "config", "quantize_lm_head must be a bool, got 'yes'"),
 ])
 def test_bad_quantization_arguments(llama_q_dir, kwargs, phase, message):

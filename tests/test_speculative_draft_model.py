@@ -264,6 +264,6 @@ def test_bad_draft_quantization_is_named(copying_dir):
     with pytest.raises(ValueError, match=r"q9_9"):
         SpeculativeConfig(method="draft_model", draft_model=copying_dir, draft_quantization="q9_9")
     spec = SpeculativeConfig(method="draft_model", draft_model=copying_dir, draft_quantization="q4_0")
-    with pytest.raises(StartupError, match=r"draft_quantization='q4_0' computes with float32 activations: dtype "
-                                           r"must be 'float32', got torch.bfloat16"):
+    with pytest.raises(StartupError, match=r"draft_quantization='q4_0' computes with float32 activations on "
+                                           r"the CPU: dtype must be 'float32', got torch.bfloat16"):
         Engine(copying_dir, dtype="bfloat16", speculative_config=spec)

@@ -36,6 +36,7 @@ from pyengine.layers.cpu_features import cpu_info
 from pyengine.models import LlamaFamilyModel, ModelConfig, model_class
 from pyengine.models.config import check_model_dir
 from pyengine.models.loader import load_tensors
+from pyengine.quant import QuantizedWeight
 from pyengine.quant.on_load import LINEAR_SUFFIXES, QuantPlan
 from pyengine.quant.prequantized import PrequantizedSpec, load_prequantized
 from pyengine.runtime.cuda_graphs import DecodeGraphs, check_graph_batch_sizes, default_graph_batch_sizes
@@ -148,7 +149,10 @@ def _run_phases(engine_args: dict[str, Any]) -> EngineParts:
         if parts.graph_sizes:  # after the KV pool: graphs read it at a fixed address
             try:
                 parts.runner.decode_pad_sizes = parts.graph_sizes
-                parts.runner.graphs = DecodeGraphs(parts.runner, parts.graph_sizes)
+                spec = parts.config.speculative_config
+                drafts = range(1, spec.num_speculative_tokens + 1) if spec is not None else ()
+                parts.runner.graphs = DecodeGraphs(parts.runner, parts.graph_sizes, drafts)
+                parts.runner.verify_pad_drafts = parts.runner.graphs.verify_drafts
             except BaseException:
                 parts.runner.close()
                 raise
@@ -183,11 +187,9 @@ def _load_model(parts: EngineParts) -> Any:
     mc = parts.model_config
     cls = model_class(mc)
     names, optional = cls.weight_names(mc)
-    convert = None
     if parts.config.quantization is not None:
         parts.quant_plan = QuantPlan.create(parts.config.quantization, mc.tie_word_embeddings,
                                             parts.config.quantize_lm_head, mc.num_layers)
-        convert = parts.quant_plan.convert
     if parts.gguf_header is not None:
         weights = gguf.load_weights(parts.gguf_header, mc, names, parts.config.dtype, optional)
         parts.gguf_header = None
@@ -195,7 +197,7 @@ def _load_model(parts: EngineParts) -> Any:
         weights = load_prequantized(parts.config.model, names, parts.config.dtype, optional, parts.prequantized,
                                     LINEAR_SUFFIXES)
     else:
-        weights = load_tensors(parts.config.model, names, parts.config.dtype, optional, convert=convert)
+        weights = _load_checkpoint(parts.config.model, names, parts.config.dtype, optional, parts.quant_plan)
     model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device,
                 exact_fp32=parts.config.exact_fp32)
     _pack_bf16_weights(parts.config.pack_bf16_weights, model)
@@ -205,6 +207,23 @@ def _load_model(parts: EngineParts) -> Any:
         del weights
         release_free_heap()  # the float copies converted one at a time, the blocks before interleaving
     return model
+
+
+def _load_checkpoint(model_dir: Any, names: list[str], dtype: torch.dtype, optional: tuple[str, ...],
+                     plan: QuantPlan | None) -> dict[str, Any]:
+    """A Hugging Face checkpoint's tensors in `dtype`, quantized at load where `plan` says. The
+    quantizers read fp32 values: with 16-bit activations (a GPU's) the tensors load in fp32, and
+    those that stay float are rounded to `dtype` after."""
+    if plan is None:
+        return load_tensors(model_dir, names, dtype, optional)
+    if dtype == torch.float32:
+        return load_tensors(model_dir, names, dtype, optional, convert=plan.convert)
+
+    def convert(name: str, t: torch.Tensor) -> torch.Tensor | QuantizedWeight:
+        w = plan.convert(name, t)
+        return w if isinstance(w, QuantizedWeight) else w.to(dtype)
+
+    return load_tensors(model_dir, names, torch.float32, optional, convert=convert)
 
 
 # pack_bf16_weights=None packs while the copies take at most this share of the available memory
@@ -238,8 +257,7 @@ def _load_draft_model(parts: EngineParts) -> LlamaFamilyModel:
     plan = None
     if spec.draft_quantization is not None:
         plan = QuantPlan.create(spec.draft_quantization, mc.tie_word_embeddings, True, mc.num_layers)
-    weights = load_tensors(spec.draft_model, names, parts.config.dtype, optional,
-                           convert=None if plan is None else plan.convert)
+    weights = _load_checkpoint(spec.draft_model, names, parts.config.dtype, optional, plan)
     model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device, exact_fp32=parts.config.exact_fp32)
     if plan is not None:
         logger.info("draft model quantized at load to %s: %s", spec.draft_quantization, plan.summary())
@@ -248,14 +266,10 @@ def _load_draft_model(parts: EngineParts) -> LlamaFamilyModel:
     return model
 
 
-def _check_draft_model(spec: SpeculativeConfig, target: ModelConfig, tokenizer: Any, max_seq_len: int,
-                       device: torch.device) -> ModelConfig:
-    """The draft model's config, once it is known to fit the target: the CPU, a context of
+def _check_draft_model(spec: SpeculativeConfig, target: ModelConfig, tokenizer: Any, max_seq_len: int) -> ModelConfig:
+    """The draft model's config, once it is known to fit the target: a context of
     max_seq_len, the same tokenizer (same vocabulary: the ids it proposes mean the same tokens)."""
     path = spec.draft_model
-    if device.type != "cpu":
-        raise ValueError(f"speculative decoding with a draft model runs on the CPU only for now, got "
-                         f"device={str(device)!r}; use method='ngram' on a GPU")
     if check_model_dir(path).is_file():
         raise ValueError(f"draft_model {str(path)!r} is a file: give a Hugging Face checkpoint directory")
     mc = ModelConfig.from_model_dir(path)
@@ -288,8 +302,6 @@ def _configure(cfg: EngineConfig) -> EngineParts:
             raise ValueError("KvCacheConfig.dtype='float8_e4m3' needs device='cuda' (the CPU kernels have no fp8)")
         if cfg.dtype == torch.float32:
             raise ValueError("KvCacheConfig.dtype='float8_e4m3' needs a bfloat16 or float16 model, got dtype=float32")
-    if cfg.quantization is not None and device.type != "cpu":
-        raise ValueError(f"quantization={cfg.quantization!r} runs on the CPU only, got device={str(device)!r}")
     header = tokenizer = None
     if check_model_dir(cfg.model).is_file():  # a GGUF file
         header = gguf.read_header(cfg.model)
@@ -308,11 +320,9 @@ def _configure(cfg: EngineConfig) -> EngineParts:
         if cfg.quantization is not None:
             raise ValueError(f"quantization={cfg.quantization!r}: the checkpoint is already quantized "
                              f"({prequantized.method}); leave quantization unset")
-        if device.type != "cpu":
-            raise ValueError(f"{prequantized.method} checkpoints run on the CPU only, got device={str(device)!r}")
-        if cfg.dtype != torch.float32:
-            raise ValueError(f"a {prequantized.method} checkpoint computes with float32 activations: dtype must be "
-                             f"'float32', got {cfg.dtype}")
+        if device.type == "cpu" and cfg.dtype != torch.float32:
+            raise ValueError(f"a {prequantized.method} checkpoint computes with float32 activations on the CPU: "
+                             f"dtype must be 'float32', got {cfg.dtype}")
     if cfg.tokenizer is not None:
         tokenizer = load_tokenizer(cfg.tokenizer, required=True)
     elif header is None:
@@ -328,7 +338,7 @@ def _configure(cfg: EngineConfig) -> EngineParts:
                         gguf_header=header)
     parts.prequantized = prequantized
     if cfg.speculative_config is not None and cfg.speculative_config.method == "draft_model":
-        parts.draft_config = _check_draft_model(cfg.speculative_config, mc, tokenizer, max_seq_len, device)
+        parts.draft_config = _check_draft_model(cfg.speculative_config, mc, tokenizer, max_seq_len)
     parts.generation = generation_defaults(cfg.generation_config, cfg.model, mc.eos_token_ids, tokenizer,
                                            mc.vocab_size)
     return parts
@@ -342,19 +352,16 @@ def gguf_quantized_types(header: gguf.GGUFHeader) -> list[str]:
 
 def _check_gguf_args(cfg: EngineConfig, header: gguf.GGUFHeader, device: torch.device) -> None:
     """Engine arguments that a GGUF file rules out: quantization= (the file's tensors load as it
-    stores them), and for quantized tensors a dtype other than float32 or a device other than the CPU."""
+    stores them), and for quantized tensors on the CPU a dtype other than float32."""
     path = str(header.path)
     if cfg.quantization is not None:
         raise ValueError(f"quantization={cfg.quantization!r} does not apply to a GGUF file ({path!r}): its tensors "
                          "load as the file stores them, quantized or float; quantize with llama.cpp's llama-quantize, "
                          "or load the Hugging Face checkpoint with quantization=")
     quantized = gguf_quantized_types(header)
-    if quantized and cfg.dtype != torch.float32:
+    if quantized and device.type == "cpu" and cfg.dtype != torch.float32:
         raise ValueError(f"GGUF file {path!r} holds quantized tensors ({', '.join(quantized)}), which compute with "
-                         f"float32 activations: dtype must be 'float32', got {cfg.dtype}")
-    if quantized and device.type != "cpu":
-        raise ValueError(f"GGUF file {path!r} holds quantized tensors ({', '.join(quantized)}), which run on the "
-                         f"CPU only, got device={str(device)!r}")
+                         f"float32 activations on the CPU: dtype must be 'float32', got {cfg.dtype}")
 
 
 def _graph_sizes(cfg: EngineConfig, device: torch.device) -> list[int]:

@@ -70,8 +70,8 @@ def take_weight(weights: dict[str, Any], name: str, shape: tuple[int, ...],
     t = weights.pop(name)
     if tuple(t.shape) != shape:
         raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {shape} from config.json")
-    if isinstance(t, QuantizedWeight):  # the layout the CPU kernels compute fastest from
-        return t.interleaved()
+    if isinstance(t, QuantizedWeight):  # the CPU kernels compute fastest from the interleaved layout
+        return t.interleaved() if device.type == "cpu" else t.to(device)
     return t.to(device).contiguous()
 
 
@@ -194,8 +194,9 @@ class LlamaFamilyModel:
         # weights in llama.cpp's block formats (pyengine/quant), computed with fp32 activations
         self.quantized = any(isinstance(w, QuantizedWeight) for layer in self.layers for w in layer.values()) \
             or isinstance(self.lm_head, QuantizedWeight) or isinstance(self.embed, QuantizedWeight)
-        if self.quantized and dtype != torch.float32:
-            raise ValueError(f"quantized weights compute with float32 activations: dtype must be float32, got {dtype}")
+        if self.quantized and device.type == "cpu" and dtype != torch.float32:
+            raise ValueError(f"quantized weights compute with float32 activations on the CPU: dtype must be "
+                             f"float32, got {dtype}")
         # some linear layers float in a quantized model (rows that fit no block format; a GGUF file
         # that stores them so): the one-call decode path, which takes them all quantized, is not used
         self.partly_quantized = self.quantized and not all(
@@ -314,8 +315,8 @@ class LlamaFamilyModel:
     # ---- forward -----------------------------------------------------------------------------
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.embed, QuantizedWeight):
-            return self.embed.embedding(input_ids)
+        if isinstance(self.embed, QuantizedWeight):  # (fp32 rows; a GPU model may compute in 16 bits)
+            return self.embed.embedding(input_ids).to(self.dtype)
         return F.embedding(input_ids, self.embed)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

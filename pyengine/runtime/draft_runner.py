@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pyengine.layers._attention_cuda import workspace_bytes
 from pyengine.models import AttentionMetadata
 from pyengine.runtime.model_runner import allocate_kv_pool, one_call_decode
 from pyengine.sampling import Sampler
@@ -75,6 +76,9 @@ class DraftModelRunner:
         self.kv_pool, self.kv_caches = allocate_kv_pool(model.config, num_blocks, tokens_per_block, kv_dtype,
                                                         self.device, zeroed=True)
         self.cpu_decode = one_call_decode(model, self.kv_caches, max_blocks_per_seq)
+        # on a GPU, the attention's split-K scratch, grown to the largest batch seen (the first
+        # forward's rows vary with the requests' catch-up tokens)
+        self.workspace = torch.empty(0, dtype=torch.uint8, device=self.device) if self.device.type == "cuda" else None
         # core id -> (first position, tokens): the tokens of a generating request the draft
         # model has not been fed yet (the last draft of a step that accepted all, the steps
         # it did not draft in), fed before its t0 the next time it drafts
@@ -213,10 +217,17 @@ class DraftModelRunner:
             return torch.tensor(values, dtype=torch.int32, device=dev)
 
         positions = i32(pos)
+        max_context_len = max(lens)
+        if self.workspace is not None:
+            c = self.model.config
+            nbytes = workspace_bytes(len(ids), c.num_heads, c.head_dim, max_context_len)
+            if nbytes > self.workspace.numel():
+                self.workspace = torch.empty(nbytes, dtype=torch.uint8, device=dev)
         meta = AttentionMetadata(slot_mapping=i32(slots), query_start_loc=i32(starts), seq_lens=i32(lens),
                                  block_tables=block_tables.to(dev).contiguous(),
                                  max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
-                                 max_context_len=max(lens), cpu_decode=self.cpu_decode)
+                                 max_context_len=max_context_len, workspace=self.workspace,
+                                 cpu_decode=self.cpu_decode)
         rows = torch.tensor(logit_rows, dtype=torch.int64, device=dev)
         return self.model.forward(i32(ids), positions, meta, self.kv_caches, rows)
 
