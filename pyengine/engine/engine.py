@@ -356,8 +356,10 @@ class Engine:
 
     def startup_report(self) -> dict[str, Any]:
         """The start-up phases with their seconds, the KV capacity figures, the sequence slots,
-        max_seq_len, the device, the captured CUDA graph sizes, and on the CPU the kernels'
-        instruction-set level (with why, and the levels the CPU has) and the largest batch that
+        max_seq_len, the device, the captured CUDA graph sizes and the drafts per sequence of the
+        verify batches captured too (speculative decoding: 1..k where graphs are on, else empty),
+        and on the CPU the kernels' instruction-set level (with why, and the levels the CPU has)
+        and the largest batch that
         runs all decoder layers in one C++ call (0: none), and the generation defaults in force
         (generation_config: the file read, the end-of-sequence ids, the sampling defaults), the
         step cost model of time-budgeted steps (step_cost_model()), and speculative decoding's
@@ -369,6 +371,7 @@ class Engine:
         return {"phases": [{"name": n, "seconds": t} for n, t in p.phases], "kv_capacity": p.capacity.as_dict(),
                 "num_seq_slots": self.config.num_seq_slots, "max_seq_len": self.max_seq_len,
                 "device": str(self.device), "cuda_graph_batch_sizes": list(p.graph_sizes),
+                "cuda_graph_verify_drafts": list(self._runner.verify_pad_drafts),
                 "cpu_kernels": {"isa": info.isa, "reason": info.reason, "supported": list(info.supported),
                                 "vnni": info.vnni, "amx": info.amx},
                 "cpu_one_call_decode_max_rows": 0 if one_call is None else one_call.max_rows,

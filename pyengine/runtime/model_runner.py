@@ -57,6 +57,8 @@ def one_call_decode(model: LlamaFamilyModel, kv_caches: list[tuple[torch.Tensor,
     model's small-batch linears are pyengine's kernels (bf16 weights on the CPU; fp32 unless
     exact_fp32; quantized) and that kernel computes the model's layers (model.fused_cpu_decode_ok:
     Llama-shaped layers; not Gemma's, nor partial or LongRoPE); else None."""
+    if model.device.type != "cpu":
+        return None
     if (model.bf16_kernel_max_rows or model.fast_fp32 or model.quantized) and model.fused_cpu_decode_ok:
         return CpuDecodeLayers(model, kv_caches, max_blocks_per_seq)
     return None
@@ -96,6 +98,7 @@ class ModelRunner:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.max_num_tokens = max_num_tokens
+        self.tokens_per_block = tokens_per_block
         self.k_scale, self.v_scale = kv_scales
         # Zeroed on a GPU (cheap there) so that padding rows read finite values.
         self.kv_pool, self.kv_caches = allocate_kv_pool(c, num_blocks, tokens_per_block, kv_dtype, self.device,
@@ -124,6 +127,12 @@ class ModelRunner:
         # Decode batches of n rows are padded to the smallest of these sizes >= n (the CUDA
         # graphs' sizes; on the CPU only for tests of the padding itself).
         self.decode_pad_sizes: list[int] = []
+        # Verify batches (speculative decoding: generation rows only, each sequence with its
+        # drafts) whose most drafts a sequence carries is at most max(verify_pad_drafts) run
+        # padded: every sequence to 1 + the next of these draft counts, the sequences to the
+        # next pad size (the CUDA graphs' shapes; on the CPU only for tests of the padding).
+        self.verify_pad_drafts: list[int] = []
+        self._verify_host: dict[str, torch.Tensor] | None = None  # their metadata (_verify_layout)
         self.graphs = None  # pyengine.runtime.cuda_graphs.DecodeGraphs once captured
         self._registered: list[int] = []
         # all layers of a small batch in one C++ call, bound to this KV pool, where it applies
@@ -140,6 +149,8 @@ class ModelRunner:
         for view in uploaded.values():
             self._register(view)
         self.dev = {name: torch.zeros_like(view, device=self.device) for name, view in uploaded.items()}
+        # a padded verify batch's real rows (_forward_verify)
+        self.dev["verify_rows"] = torch.zeros(self.max_num_tokens, dtype=torch.int64, device=self.device)
         nbytes = split_k_workspace_bytes(self.model.dtype, c.num_heads, c.head_dim, self.max_batch_size,
                                          self.max_num_tokens, self.max_seq_len)
         self.workspace = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
@@ -214,6 +225,10 @@ class ModelRunner:
         """Runs the scheduled batch; returns the fp32 logits of the sampled rows, then of
         `extra_rows` (token rows, e.g. for prompt logprobs)."""
         decode = self.is_decode(num_tokens, num_seqs, num_logits, extra_rows)
+        if not decode and self.verify_pad_drafts:
+            shape = self._verify_shape(num_tokens, num_seqs, num_logits, extra_rows)
+            if shape is not None:
+                return self._forward_verify(num_tokens, num_seqs, num_logits, *shape)
         if decode:
             size = self.padded_size(num_seqs)
             self._pad(num_seqs, size)
@@ -232,6 +247,123 @@ class ModelRunner:
             max_context_len = int(self.seq_lens[:num_seqs].max())
             return self._run(self.dev, num_tokens, num_seqs, num_logits, extra_rows, ngen, max_query_len,
                              max_context_len, drafts)
+
+    # ---- padded verify batches (speculative decoding) ---------------------------------------------
+
+    def _verify_shape(self, num_tokens: int, num_seqs: int, num_logits: int,
+                      extra_rows: torch.Tensor | None) -> tuple[int, int] | None:
+        """(sequences, drafts per sequence) a verify batch runs padded to, or None where it runs
+        as it is: not a verify batch (a context chunk, a row not sampled, extra rows), more
+        drafts than the largest pad count, more rows than the buffers hold, a padded context
+        past max_seq_len, or (on a GPU) no graph of that shape."""
+        if (extra_rows is not None or num_logits != num_tokens or self._bm.num_generation_seqs != num_seqs
+                or num_tokens == num_seqs):
+            return None
+        qsl = self.query_start_loc[: num_seqs + 1]
+        lens = qsl[1:] - qsl[:-1]
+        most = int(lens.max()) - 1
+        pads = self.verify_pad_drafts
+        if most > pads[-1]:
+            return None
+        drafts = pads[bisect.bisect_left(pads, most)]
+        size = self.padded_size(num_seqs)
+        if size * (1 + drafts) > self.max_num_tokens:
+            return None
+        if int((self.seq_lens[:num_seqs] + (1 + drafts - lens)).max()) > self.max_seq_len:
+            return None
+        if self.is_cuda and (self.graphs is None or not self.graphs.has_verify(size, drafts)):
+            return None
+        return size, drafts
+
+    def _verify_layout(self, num_seqs: int, size: int, drafts: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The metadata of this step's verify batch (in the host buffers) padded to `size`
+        sequences of 1 + `drafts` rows each, in buffers of its own (the step's own stay as they
+        are: the sampler reads them), and the padded row of each real row (the logits rows to
+        keep, in the batch's order). A sequence's padding rows follow its last draft: positions
+        continuing, no KV written (slot -1), their blocks past the sequence's last the last one
+        (they read, never write; the real rows' causal windows end before them). Padding
+        sequences: positions 0..drafts, no KV, block 0, the scratch slot."""
+        if self._verify_host is None:
+            n, b = self.max_num_tokens, self.max_batch_size
+
+            def i32(size: int) -> torch.Tensor:
+                return torch.zeros(size, dtype=torch.int32)
+
+            h = {"input_ids": i32(n), "positions": i32(n), "slot_mapping": i32(n), "query_start_loc": i32(b + 1),
+                 "seq_lens": i32(b), "seq_slots": i32(b), "block_tables": torch.zeros_like(self.block_tables),
+                 "logits_indices": torch.arange(n, dtype=torch.int32), "logits_slots": i32(n),
+                 "rows": torch.zeros(n, dtype=torch.int64)}
+            if self.is_cuda:  # page-locked: the uploads are asynchronous
+                h = {name: t.pin_memory() for name, t in h.items()}
+            self._verify_host = h
+        h = self._verify_host
+        q = 1 + drafts
+        total = size * q
+        qsl = self.query_start_loc[: num_seqs + 1].to(torch.int64)
+        lens = qsl[1:] - qsl[:-1]
+        num_tokens = int(qsl[-1])
+        seq_of_row = torch.repeat_interleave(torch.arange(num_seqs), lens)
+        dst = seq_of_row * q + (torch.arange(num_tokens) - qsl[:-1][seq_of_row])
+        h["rows"][:num_tokens] = dst
+        h["input_ids"][:total] = 0
+        h["input_ids"][dst] = self.input_ids[:num_tokens]
+        first = torch.zeros(size, dtype=torch.int32)
+        first[:num_seqs] = self.positions[qsl[:-1]]
+        h["positions"][:total] = (first.repeat_interleave(q) + torch.arange(q, dtype=torch.int32).repeat(size))
+        h["slot_mapping"][:total] = -1
+        h["slot_mapping"][dst] = self.slot_mapping[:num_tokens]
+        h["query_start_loc"][: size + 1] = torch.arange(size + 1, dtype=torch.int32) * q
+        real_lens = self.seq_lens[:num_seqs]
+        h["seq_lens"][:num_seqs] = real_lens + (q - lens).to(torch.int32)
+        h["seq_lens"][num_seqs:size] = q
+        h["seq_slots"][:num_seqs] = self.seq_slots[:num_seqs]
+        h["seq_slots"][num_seqs:size] = self.scratch_slot
+        tables = h["block_tables"]
+        tables[:num_seqs] = self.block_tables[:num_seqs]
+        tables[num_seqs:size] = 0
+        tpb = self.tokens_per_block
+        for s in range(num_seqs):
+            used = (int(real_lens[s]) + tpb - 1) // tpb
+            padded = (int(h["seq_lens"][s]) + tpb - 1) // tpb
+            if padded > used:
+                tables[s, used:padded] = tables[s, used - 1]
+        return h, h["rows"][:num_tokens]
+
+    def _forward_verify(self, num_tokens: int, num_seqs: int, num_logits: int, size: int, drafts: int) -> Forwarded:
+        """A verify batch padded to `size` sequences of 1 + `drafts` rows (on a GPU the replay of
+        that shape's graph); returns the logits of its real rows, in order."""
+        bufs, rows = self._verify_layout(num_seqs, size, drafts)
+        total = size * (1 + drafts)
+        if not self.is_cuda:
+            fw = self._run(bufs, total, size, total, None, size, drafts=drafts)
+            return Forwarded(fw.logits.index_select(0, rows), num_logits, self.logits_slots[:num_logits])
+        with self.stream_context():
+            d = self.dev
+            for name, n in (("input_ids", total), ("positions", total), ("slot_mapping", total),
+                            ("query_start_loc", size + 1), ("seq_lens", size), ("seq_slots", size),
+                            ("block_tables", size), ("logits_indices", total)):
+                d[name][:n].copy_(bufs[name][:n], non_blocking=True)
+            d["logits_slots"][:num_logits].copy_(self.logits_slots[:num_logits], non_blocking=True)
+            d["verify_rows"][:num_tokens].copy_(rows, non_blocking=True)
+            logits = self.graphs.replay_verify(size, drafts).index_select(0, d["verify_rows"][:num_tokens])
+            return Forwarded(logits, num_logits, d["logits_slots"][:num_logits])
+
+    def verify_forward(self, size: int, drafts: int) -> torch.Tensor:
+        """The forward of a padded verify batch of `size` sequences of 1 + `drafts` rows,
+        entirely from the device buffers (the body a CUDA graph captures): the logits of all
+        its rows."""
+        total = size * (1 + drafts)
+        return self._run(self.dev, total, size, total, None, size, 1 + drafts, self.max_seq_len, drafts).logits
+
+    def pad_verify_dummy(self, size: int, drafts: int) -> None:
+        """Device buffers of a verify batch of padding sequences only (finite inputs, no KV
+        written): what graph capture warms up and captures on."""
+        bufs, _ = self._verify_layout(0, size, drafts)
+        total = size * (1 + drafts)
+        for name, n in (("input_ids", total), ("positions", total), ("slot_mapping", total),
+                        ("query_start_loc", size + 1), ("seq_lens", size), ("seq_slots", size),
+                        ("block_tables", size), ("logits_indices", total)):
+            self.dev[name][:n].copy_(bufs[name][:n])
 
     def _upload(self, num_tokens: int, num_seqs: int, num_logits: int) -> None:
         """Copies the used part of this step's metadata to the device (non-blocking: the host
@@ -264,7 +396,8 @@ class ModelRunner:
         the fixed metadata buffers. On the CPU they are kept per batch shape: a batch-1 step would
         otherwise pay a dozen slicing operations, run with caches cold from the weight stream."""
         key = (num_tokens, num_seqs, num_logits)
-        views = self._views.get(key) if not self.is_cuda else None
+        keep = not self.is_cuda and bufs is self.host  # (a padded verify batch's buffers are not kept)
+        views = self._views.get(key) if keep else None
         if views is None:
             meta = AttentionMetadata(
                 slot_mapping=bufs["slot_mapping"][:num_tokens],
@@ -274,7 +407,7 @@ class ModelRunner:
                 k_scale=self.k_scale, v_scale=self.v_scale, cpu_decode=self.cpu_decode)
             views = (bufs["input_ids"][:num_tokens], bufs["positions"][:num_tokens], meta,
                      bufs["logits_indices"][:num_logits], bufs["logits_slots"][:num_logits])
-            if not self.is_cuda:
+            if keep:
                 if len(self._views) >= _MAX_KEPT_VIEWS:
                     self._views.clear()
                 self._views[key] = views
