@@ -4,7 +4,8 @@
 #
 #   bash bench/gpu_check.sh run       # on a machine with an NVIDIA GPU: bootstrap, build, test, benchmark
 #   bash bench/gpu_check.sh prepare   # optional, on a machine with network access: download the
-#                                     # build-only wheels into .whl/ for a GPU machine without it
+#                                     # wheels a GPU machine without it needs into .whl/
+#                                     # (GPU_PYTHON_VERSION=3.12: for that machine's Python)
 #
 # `run` needs: an NVIDIA GPU and driver, the CUDA toolkit (nvcc; also looked for in
 # /usr/local/cuda/bin), and a Python ($PYTHON, default python3) with a CUDA build of torch.
@@ -29,12 +30,21 @@
 #      against PyTorch and, for the quantized linear layer, an fp64 reference; end-to-end
 #      greedy equality with transformers on the GPU, CUDA graphs on/off, overlap, fp8 KV,
 #      several kernels' shared-memory opt-ins in one process, fp32 / head_dim 256 engines with
-#      long prefills, cuda:1 on a machine with two GPUs (skipped with one), ...);
+#      long prefills, quantized models (at load, GGUF, AWQ/GPTQ) against dequantized references,
+#      speculative decoding with its verify graphs, cuda:1 on a machine with two GPUs (skipped
+#      with one), ...);
 #   3. bench/attention_cuda.py (decode attention bandwidth vs the GPU's, prefill vs SDPA), and
 #      bench/quant_linear_cuda.py (the weight-only quantized linear layer's bandwidth per format);
 #   4. bench/gpu_throughput.py (W1 on a Qwen3-0.6B-shaped model vs transformers; see
-#      bench/README.md).
-# Each step runs under its own time limit. The log (gpu_check.log), the test report
+#      bench/README.md);
+#   5. bench/speculative.py --device cuda on the copying model (prompt lookup, a draft model).
+# Each step runs under its own time limit (seconds; environment): GPU_CHECK_TESTS_S (all tests,
+# 480), GPU_CHECK_TEST_S (one test, 120, where pytest-timeout is installed), GPU_CHECK_BENCH_S
+# (each kernel benchmark, 120), GPU_CHECK_W1_S (W1, 300); GPU_CHECK_PYTEST_ARGS adds pytest options,
+# GPU_CHECK_W1_ARGS replaces W1's (default --runs $W1_RUNS, 3; --quick for W1-quick),
+# GPU_CHECK_QUANT_ARGS adds the quantized linear bench's (--quick); GPU_CHECK_STEPS picks the steps
+# after the build (default "tests attention quant w1 speculative").
+# The log (gpu_check.log), the test report
 # (gpu_tests.xml) and the benchmarks' JSON go to $OUT, or ./gpu-check-out when OUT is unset.
 # Exit status: the tests'; 2 when a prerequisite is missing, 3 when the build fails.
 set -uo pipefail
@@ -45,11 +55,21 @@ CUTLASS_PIN="nvidia-cutlass==4.2.0.0"
 
 case "$mode" in
   prepare)
-    # Pure-Python wheels only, so they install on any Python version. cython (compiled
-    # wheels) is not among them: the GPU machine's Python must have it, or network access.
+    # The build-only packages (pure Python), and the runtime and test packages a GPU machine's
+    # Python image often lacks (xgrammar and its needs, gguf, jsonschema and its needs), as
+    # wheels for the GPU machine's Python: GPU_PYTHON_VERSION (default this Python's, e.g. 3.12)
+    # on manylinux x86-64. cython (compiled) is not among them: that Python must have it, and
+    # torch, transformers, safetensors, tokenizers, tqdm, numpy, pytest, hypothesis, attrs.
     mkdir -p .whl
-    "$PY" -m pip download -q --no-deps -d .whl "$CUTLASS_PIN" "cython-cmake>=0.2" \
-      "scikit-build-core>=0.10" "pathspec>=0.10.1" "packaging>=21.3" tomli exceptiongroup || exit 2
+    pyver="${GPU_PYTHON_VERSION:-$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')}"
+    platforms=()
+    for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 \
+             manylinux2014_x86_64; do platforms+=(--platform "$p"); done
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
+      "${platforms[@]}" -d .whl "$CUTLASS_PIN" "cython-cmake>=0.2" "scikit-build-core>=0.10" \
+      "pathspec>=0.10.1" "packaging>=23.2" xgrammar apache-tvm-ffi pydantic pydantic-core annotated-types \
+      typing-inspection "typing-extensions>=4.16" gguf jsonschema jsonschema-specifications referencing \
+      rpds-py || exit 2
     ls -la .whl
     exit 0 ;;
   run) ;;
@@ -141,22 +161,46 @@ echo "build: $(( $(date +%s) - start )) s"
 "$PY" -c "import pyengine.core._core as c; print('CUDA kernels built:', c._cuda_kernels_built(), c._cuda_architectures())" \
   || exit 3
 
-echo "== tests"
-timeout 480 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda_build.py tests/test_attention_workspace.py \
-  tests/gpu \
-  --junitxml="$out/gpu_tests.xml"
-tests_rc=$?
-echo "tests exit status: $tests_rc"
+steps=" ${GPU_CHECK_STEPS:-tests attention quant w1 speculative} "
+wants() { [[ "$steps" == *" $1 "* ]]; }
+tests_rc=0
 
-echo "== decode / prefill attention kernels"
-timeout 120 "$PY" bench/attention_cuda.py --json "$out/attention_cuda.json" || echo "attention bench failed: $?"
+if wants tests; then
+  echo "== tests"
+  # a hung test must not take the whole run: a limit per test where pytest-timeout is installed
+  per_test=()
+  "$PY" -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout "${GPU_CHECK_TEST_S:-120}")
+  timeout "${GPU_CHECK_TESTS_S:-480}" "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda_build.py \
+    tests/test_attention_workspace.py tests/gpu ${per_test[@]+"${per_test[@]}"} ${GPU_CHECK_PYTEST_ARGS:-} \
+    --junitxml="$out/gpu_tests.xml"
+  tests_rc=$?
+  echo "tests exit status: $tests_rc"
+fi
 
-echo "== weight-only quantized linear layer"
-timeout 120 "$PY" bench/quant_linear_cuda.py --iters 10 --json "$out/quant_linear_cuda.json" \
-  || echo "quantized linear bench failed: $?"
+if wants attention; then
+  echo "== decode / prefill attention kernels"
+  timeout "${GPU_CHECK_BENCH_S:-120}" "$PY" bench/attention_cuda.py --json "$out/attention_cuda.json" \
+    || echo "attention bench failed: $?"
+fi
 
-echo "== W1 on a Qwen3-0.6B-shaped model"
-timeout 300 "$PY" bench/gpu_throughput.py --runs "${W1_RUNS:-3}" --json "$out/gpu_throughput.json" \
-  || echo "W1 bench failed: $?"
+if wants quant; then
+  echo "== weight-only quantized linear layer"
+  timeout "${GPU_CHECK_BENCH_S:-120}" "$PY" bench/quant_linear_cuda.py --iters 10 ${GPU_CHECK_QUANT_ARGS:-} \
+    --json "$out/quant_linear_cuda.json" || echo "quantized linear bench failed: $?"
+fi
+
+if wants w1; then
+  echo "== W1 on a Qwen3-0.6B-shaped model"
+  timeout "${GPU_CHECK_W1_S:-300}" "$PY" bench/gpu_throughput.py ${GPU_CHECK_W1_ARGS:---runs ${W1_RUNS:-3}} \
+    --json "$out/gpu_throughput.json" || echo "W1 bench failed: $?"
+fi
+
+if wants speculative; then
+  echo "== speculative decoding at batch 1 (copying-135m-shape: prompt lookup, then a 2-layer draft model)"
+  timeout "${GPU_CHECK_BENCH_S:-120}" "$PY" bench/speculative.py --device cuda --model copying --runs 3 \
+    || echo "speculative bench (ngram) failed: $?"
+  timeout "${GPU_CHECK_BENCH_S:-120}" "$PY" bench/speculative.py --device cuda --model copying --runs 3 \
+    --method draft_model --draft-layers 2 || echo "speculative bench (draft model) failed: $?"
+fi
 echo "== done $(date -u)"
 exit $tests_rc

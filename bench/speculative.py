@@ -33,6 +33,7 @@ lookup, and with a draft model only in distribution (its rejection rule draws di
     python bench/speculative.py --method draft_model --draft-layers 0 --draft-quantization q4_0 --k 4
     python bench/speculative.py --model copying [--method draft_model --draft-layers 2]
     python bench/speculative.py --method draft_model --unrelated-draft
+    python bench/speculative.py --device cuda --model copying   # on a GPU (CUDA graphs on)
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
 
 from bench.common import (BENCH_THREADS, SMOLLM_VOCAB, copying_checkpoint, machine_info, median,  # noqa: E402
                           set_threads, smollm_checkpoint, w2_request)
@@ -108,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fixed-k", action="store_true", help="adaptive_draft_length=False")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (CUDA graphs on: decode and verify batches)")
     args = p.parse_args(argv)
     set_threads(BENCH_THREADS)
     from pyengine import Engine, KvCacheConfig, SchedulerConfig, SpeculativeConfig
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     model_name = "copying-135m-shape" if args.model == "copying" else "smollm-135m-shape"
 
     def engine(spec):
-        return Engine(model_dir, dtype=args.dtype, max_seq_len=512, speculative_config=spec,
+        return Engine(model_dir, dtype=args.dtype, max_seq_len=512, speculative_config=spec, device=args.device,
                       kv_cache_config=KvCacheConfig(max_tokens=2048, enable_block_reuse=False),
                       scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=512))
 
@@ -140,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         source = "prompt lookup"
     source += ", adaptive draft length" if adaptive else ", fixed k"
     plain, spec = engine(None), engine(config)
-    print(f"Speculative decoding ({source}, k={args.k}), batch 1, {model_name} {args.dtype}, "
-          f"{machine_info()['cpu']}, {BENCH_THREADS} threads; median of {args.runs}")
+    where = (f"{machine_info()['cpu']}, {BENCH_THREADS} threads" if args.device == "cpu"
+             else f"{torch.cuda.get_device_name(args.device)}")
+    print(f"Speculative decoding ({source}, k={args.k}), batch 1, {model_name} {args.dtype}, {where}; "
+          f"median of {args.runs}")
     if adaptive:
         print(f"adaptive draft length costs: {spec.startup_report()['adaptive_draft_length']}")
     print("| workload | without tok/s | with tok/s | ratio | drafts accepted / verified | outputs equal |")
