@@ -6,6 +6,7 @@ Qwen3-0.6B's shape (hidden 1024, 28 layers, 16 heads, 8 KV heads, head_dim 128, 
 
     python bench/gpu_throughput.py            # 3 runs each, median
     python bench/gpu_throughput.py --quick    # W1-quick, 1 run
+    python bench/gpu_throughput.py --quantization q4_k   # also with Q4_K weights (weight-only kernels)
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--checkpoint-root", type=Path, default=None)
+    p.add_argument("--quantization", default=None,
+                   help="also run pyengine with the weights quantized at load (q8_0, q4_0, q4_k; weight-only "
+                        "kernels, bf16 activations)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -67,9 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     del hf
     torch.cuda.empty_cache()
 
-    for name, graphs in (("pyengine", True), ("pyengine (no graphs)", False)):
+    variants = [("pyengine", True, None), ("pyengine (no graphs)", False, None)]
+    if args.quantization:
+        variants.append((f"pyengine {args.quantization}", True, args.quantization))
+    for name, graphs, quantization in variants:
         t0 = time.perf_counter()
         engine = Engine(model_dir, dtype="bfloat16", device="cuda", cuda_graphs=graphs, max_seq_len=1024,
+                        quantization=quantization,
                         kv_cache_config=KvCacheConfig(enable_block_reuse=False),
                         scheduler_config=SchedulerConfig(max_batch_size=64, max_num_tokens=2048))
         report = engine.startup_report()
@@ -97,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     same = compare_outputs(results["pyengine"][0].outputs, results["pyengine (no graphs)"][0].outputs)
     print(f"greedy agreement with transformers (bf16, informational): {agree}")
     print(f"graphs on vs off, identical requests: {same}")
+    if args.quantization:  # (other weights: agreement says how far the quantization moves greedy outputs)
+        quant = compare_outputs(results[f"pyengine {args.quantization}"][0].outputs, results["pyengine"][0].outputs)
+        print(f"{args.quantization} vs bf16 weights, greedy agreement (informational): {quant}")
     if args.json:
         args.json.write_text(json.dumps({"workload": workload.name, "results": summary, "agreement": agree,
                                          "graphs_vs_eager": same}, indent=2))

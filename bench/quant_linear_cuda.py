@@ -12,7 +12,7 @@ together exceed the L2 cache (device memory, not cache); the weights' bytes over
 the achieved bandwidth, also as a fraction of the device-to-device copy bandwidth measured in
 the same run.
 
-Usage: python bench/quant_linear_cuda.py [--iters N] [--quick] [--json FILE]
+Usage: python bench/quant_linear_cuda.py [--iters N] [--quick] [--rows 1,2,4] [--json FILE]
 """
 
 from __future__ import annotations
@@ -87,10 +87,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--quick", action="store_true", help="q8_0 and q4_k, M 1 / 8 / 64")
+    p.add_argument("--rows", default=None, help="the row counts M, comma-separated (default 1,2,4,8,16,64)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     formats = ("q8_0", "q4_k") if args.quick else FORMATS
     ms = (1, 8, 64) if args.quick else (1, 2, 4, 8, 16, 64)
+    if args.rows:
+        ms = tuple(int(r) for r in args.rows.split(","))
     bw = copy_bandwidth(args.iters)
     print(f"{torch.cuda.get_device_name()}: device copy {bw / 1e9:.0f} GB/s")
     rows = []

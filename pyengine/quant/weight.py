@@ -19,10 +19,11 @@ from pyengine.quant.formats import INTERLEAVED_LAYOUTS, QuantFormat, quant_forma
 
 __all__ = ["QuantizedWeight"]
 
-# On a GPU, a linear layer of at most this many rows of x runs the weight-only GEMV kernel
-# (the weights read once per 8 rows); more rows dequantize the weights chunk by chunk into x's
-# dtype and take torch's GEMM (bench/quant_linear_cuda.py measures both).
-CUDA_GEMV_MAX_ROWS = 8
+# On a GPU, a linear layer of at most this many rows of x runs the weight-only GEMV kernel (the
+# exact weights); more rows dequantize the weights chunk by chunk into x's dtype and take torch's
+# GEMM. bench/quant_linear_cuda.py on an H200: at 1 row the kernel is as fast or faster on 3 of
+# the 5 Qwen3-0.6B shapes, at 8 rows the GEMM 1.3-3x faster.
+CUDA_GEMV_MAX_ROWS = 2
 # the scratch of that path: at most this many weights at a time (32 MiB in bf16)
 CUDA_DEQUANT_CHUNK_ELEMS = 1 << 24
 # pyengine's DType codes (pyengine/kernels.h) of the activation dtypes the GPU kernels take
@@ -232,7 +233,9 @@ class QuantizedWeight:
         """``x[M, K] @ W.T (+ bias)``. On the CPU in fp32 (x is quantized to 8 bits per block on
         the fly; from 16 rows of x on, where cpu_info().amx, interleaved layouts multiply on AMX
         with x and the weights rounded to bf16); on a GPU in x's dtype (float32, bfloat16 or
-        float16), the weights dequantized on the fly and the sums in fp32."""
+        float16) with fp32 sums: up to CUDA_GEMV_MAX_ROWS rows the weights dequantized in
+        registers, beyond that dequantized into x's dtype (rounded to bf16 / fp16 with 16-bit x,
+        as llama.cpp and vLLM do for their GEMMs) and multiplied by torch's GEMM."""
         if x.dim() != 2 or x.shape[1] != self.k:
             raise ValueError(f"x: expected shape [M, {self.k}], got {tuple(x.shape)}")
         if self.device.type == "cuda":

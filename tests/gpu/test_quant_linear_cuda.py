@@ -29,13 +29,17 @@ def check_linear(gpu: QuantizedWeight, w: torch.Tensor, dtype: torch.dtype, rows
     n, k = w.shape
     bias = torch.randn(n, generator=g) if with_bias else None
     for m in rows:
+        # beyond the GEMV's rows the GEMM multiplies the weights rounded to 16-bit x's dtype: one
+        # more relative rounding per product
+        weights_rounded = m > quant_weight.CUDA_GEMV_MAX_ROWS and dtype != torch.float32
         x = torch.randn(m, k, generator=g).to(dtype)
         y = gpu.linear(x.cuda(), None if bias is None else bias.cuda())
         assert y.dtype == dtype and y.shape == (m, n)
         b = torch.zeros(n, dtype=torch.float64) if bias is None else bias.to(dtype).double()
         exact = x.double() @ w.T + b
         terms = x.double().abs() @ w.abs().T + b.abs()
-        bound = (k + 2) * 2.0 ** -24 * terms + U[dtype] * exact.abs() + 1e-30
+        bound = ((k + 2) * 2.0 ** -24 + (U[dtype] if weights_rounded else 0.0)) * terms \
+            + U[dtype] * exact.abs() + 1e-30
         err = (y.cpu().double() - exact).abs()
         assert bool((err <= bound).all()), f"{what} {dtype} M={m}: max excess {(err - bound).max().item()}"
 
@@ -48,9 +52,14 @@ def test_cuda_linear_matches_fp64_reference(fmt, dtype):
     q = QuantizedWeight.quantize(torch.randn(n, k, generator=g), fmt).interleaved()  # the CPU's layout ...
     gpu = q.to("cuda")  # ... goes to the GPU as llama.cpp's
     assert gpu.layouts == [fmt] and gpu.device.type == "cuda"
-    assert quant_weight.CUDA_GEMV_MAX_ROWS == 8
-    # the GEMV kernel up to 8 rows (one pass), the dequantized weights and torch's GEMM from 9
-    check_linear(gpu, q.dequantize().double(), dtype, (1, 3, 8, 9, 17, 64), g, fmt)
+    assert quant_weight.CUDA_GEMV_MAX_ROWS == 2
+    w = q.dequantize().double()
+    # the GEMV kernel up to 2 rows, the dequantized weights and torch's GEMM from 3
+    check_linear(gpu, w, dtype, (1, 2, 3, 8, 17, 64), g, fmt)
+    # the GEMV kernel's own passes of 8 rows (its path forced: it serves any row count)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quant_weight, "CUDA_GEMV_MAX_ROWS", 1 << 30)
+        check_linear(gpu, w, dtype, (3, 8, 9, 17), g, fmt + " (GEMV)")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -67,7 +76,7 @@ def test_cuda_linear_of_row_groups_and_small_chunks(dtype, monkeypatch):
     assert gpu.formats == ["q8_0", "q4_k", "q6_k"]
     monkeypatch.setattr(quant_weight, "CUDA_DEQUANT_CHUNK_ELEMS", 5 * k)
     w = q.dequantize().double()
-    check_linear(gpu, w, dtype, (1, 5, 8, 13, 40), g, "groups")
+    check_linear(gpu, w, dtype, (1, 2, 5, 8, 13, 40), g, "groups")
     check_linear(gpu, w, dtype, (2, 21), g, "groups, no bias", with_bias=False)
 
 

@@ -24,7 +24,7 @@ namespace pyengine::kernels::cuda {
 // elements apart) and bias [N] in `dtype` (float32, bfloat16 or float16). One warp per weight
 // row, its lanes dequantizing 4 consecutive weights each (a warp covers 128 weights of the row
 // at a time) into registers and multiplying them with up to 8 rows of x per pass: reads the
-// weights once per 8 rows of x. A GEMV for small M; for larger M, dequantize_rows into a
+// weights once per 8 rows of x. A GEMV for the smallest M; beyond, dequantize_rows into a
 // scratch matrix and a tensor-core GEMM are faster (QuantizedWeight.linear chooses).
 void linear_quant(void* y, int64_t ldy, const void* x, int64_t ldx, DType dtype, int32_t M, const void* weight,
                   QuantType type, int32_t N, int32_t K, const void* bias, int32_t device, void* stream);
