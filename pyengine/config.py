@@ -198,10 +198,10 @@ class SpeculativeConfig:
         past which a step costs much more.
     prompt_lookup_min, prompt_lookup_max: the n-gram sizes tried ("ngram").
     draft_model: the draft model's Hugging Face checkpoint directory ("draft_model"; its
-        tokenizer must be the target's). It runs in the engine's dtype, on the CPU.
+        tokenizer must be the target's). It runs in the engine's dtype, on the engine's device.
     draft_quantization: quantize the draft model's weights at load ("draft_model"; a format
-        or mixture as EngineConfig.quantization takes, e.g. "q4_0"; the engine's dtype must be
-        float32). The model's own checkpoint quantized to 4 bits is a draft that agrees with
+        or mixture as EngineConfig.quantization takes, e.g. "q4_0"; on the CPU the engine's
+        dtype must be float32). The model's own checkpoint quantized to 4 bits is a draft that agrees with
         it most of the time and reads a fraction of its bytes.
     adaptive_draft_length: each step, give a request the number of drafts (up to
         num_speculative_tokens) that its acceptance so far makes worth their cost, none while

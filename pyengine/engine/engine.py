@@ -64,8 +64,8 @@ class Engine:
         (round to nearest, as llama-quantize does without an
         importance matrix; see `pyengine.quant`). The linear layers take that format (where a
         layer's rows do not fit it, the next one that fits); the output projection Q6_K (Q8_0 if
-        its rows do not fit; Q8_0 stays Q8_0). Activations stay float32 (dtype must be float32).
-        CPU only.
+        its rows do not fit; Q8_0 stays Q8_0). On the CPU activations stay float32 (dtype must
+        be float32); on a GPU the weight-only kernels take float32, bfloat16 or float16.
     quantize_lm_head: with `quantization`, False keeps the embedding table and lm_head in float32.
     tokenizer: a directory holding the tokenizer (tokenizer.json / tokenizer_config.json), used
         instead of the model's own; it must exist and hold one. By default the model directory's
