@@ -204,3 +204,27 @@ def quantized_teacher_forced_gaps(reference, float_activations, prompt: list[int
     scale = ref.abs().amax(dim=-1)
     chosen = ref.gather(-1, torch.tensor(generated)[:, None])[:, 0]
     return ((ref.amax(dim=-1) - chosen) / scale).tolist(), ((ref - flt).abs().amax(dim=-1) / scale).tolist()
+
+
+def check_greedy_near_reference(engine, reference, float_activations, prompts: list[list[int]], max_tokens: int,
+                                tolerance: float | None = None) -> None:
+    """Greedy outputs of `engine` teacher-forced through `reference` (quantized_teacher_forced_gaps):
+    every generated token is the reference's argmax or within a near-tie of it -- the gap at
+    most the activation quantization's noise at that position (`tolerance` None) or at most
+    `tolerance` (weight-only engines, whose reference differs only in the order of additions:
+    `float_activations` unused) -- and at most MAX_FLIP_FRACTION of them are not its argmax."""
+    from pyengine import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    results = engine.generate(prompts, params, use_tqdm=False)
+    beyond, flips, positions = [], 0, 0
+    for p, r in zip(prompts, results):
+        assert len(r.token_ids) == max_tokens
+        gaps, noise = quantized_teacher_forced_gaps(reference, reference if tolerance is not None else
+                                                    float_activations, p, r.token_ids)
+        limits = noise if tolerance is None else [tolerance] * len(gaps)
+        beyond += [(len(p), i, g, n) for i, (g, n) in enumerate(zip(gaps, limits)) if g > n]
+        flips += sum(g > 0 for g in gaps)
+        positions += len(gaps)
+    assert not beyond, f"tokens beyond a near-tie (prompt length, position, gap, allowed): {beyond}"
+    assert flips <= MAX_FLIP_FRACTION * positions, f"{flips} of {positions} tokens are not the reference argmax"

@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from hf_reference import MAX_FLIP_FRACTION, _fake_quantize, quantized_teacher_forced_gaps
-from pyengine import Engine, KvCacheConfig, SamplingParams, StartupError
+from hf_reference import _fake_quantize, check_greedy_near_reference
+from pyengine import Engine, KvCacheConfig, StartupError
 from pyengine.quant import QuantizedWeight
 from pyengine.testing.prequantized import write_prequantized_checkpoint
 
@@ -71,15 +71,7 @@ def test_prequantized_greedy_matches_transformers(variant, float_dir, prequantiz
     reference, float_acts = reference_models(float_dir, dequantized)
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(4, 40))] for _ in range(6)]
-    results = engine.generate(prompts, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True), use_tqdm=False)
-    beyond, flips, positions = [], 0, 0
-    for p, r in zip(prompts, results):
-        gaps, noise = quantized_teacher_forced_gaps(reference, float_acts, p, r.token_ids)
-        beyond += [(len(p), i, g, n) for i, (g, n) in enumerate(zip(gaps, noise)) if g > n]
-        flips += sum(g > 0 for g in gaps)
-        positions += len(gaps)
-    assert not beyond, f"tokens beyond the activation-quantization noise: {beyond}"
-    assert flips <= MAX_FLIP_FRACTION * positions
+    check_greedy_near_reference(engine, reference, float_acts, prompts, 20)
 
 
 def _edit(src, dst, config_change=None, tensor_change=None):

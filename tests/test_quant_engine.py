@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from hf_reference import MAX_FLIP_FRACTION, quantized_hf_model, quantized_teacher_forced_gaps
+from hf_reference import check_greedy_near_reference, quantized_hf_model
 import pyengine.core._core as _core
 from pyengine import Engine, KvCacheConfig, SamplingParams, StartupError
 from pyengine.quant import QuantizedWeight
@@ -49,17 +49,7 @@ def check_greedy_against_reference(engine: Engine, model_dir) -> None:
     report = engine._parts.quant_plan.report
     reference = quantized_hf_model(model_dir, report, amx_prompt=_core._cpu_amx())
     float_acts = quantized_hf_model(model_dir, report, quantize_activations=False)
-    ps = prompts(8)
-    results = engine.generate(ps, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)
-    beyond, flips, positions = [], 0, 0
-    for p, r in zip(ps, results):
-        assert len(r.token_ids) == 24
-        gaps, noise = quantized_teacher_forced_gaps(reference, float_acts, p, r.token_ids)
-        beyond += [(len(p), i, g, n) for i, (g, n) in enumerate(zip(gaps, noise)) if g > n]
-        flips += sum(g > 0 for g in gaps)
-        positions += len(gaps)
-    assert not beyond, f"tokens beyond the activation-quantization noise (prompt len, pos, gap, noise): {beyond}"
-    assert flips <= MAX_FLIP_FRACTION * positions, f"{flips} of {positions} tokens are not the reference argmax"
+    check_greedy_near_reference(engine, reference, float_acts, prompts(8), 24)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])
