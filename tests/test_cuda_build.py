@@ -188,3 +188,51 @@ def test_torch_module_rejects_cpu_tensors():
                            max_context_len=64, workspace=ws)
     with pytest.raises(ValueError, match="^key: must be a CUDA tensor"):
         ck.store_kv(q[:, :4], q[:, :4], cache, cache, idx[:2])
+
+
+Q8_0, Q8_0X8 = 8, 208  # a plain layout, and its interleaved (CPU-only) one
+
+
+def quant_linear_args(**over):
+    """Valid arguments of _cuda_linear_quant (Q8_0 weights [64, 256], bf16 x of 2 rows)."""
+    args = dict(y=ADDR, ldy=64, x=ADDR, ldx=256, dtype=BF16, M=2, weight=ADDR, type_id=Q8_0, N=64, K=256,
+                bias=0, device=0, stream=0)
+    args.update(over)
+    return args
+
+
+def dequantize_args(**over):
+    """Valid arguments of _cuda_dequantize_rows (rows of Q8_0 weights [64, 256] into bf16)."""
+    args = dict(out=ADDR, ldo=256, dtype=BF16, weight=ADDR, type_id=Q8_0, N=64, K=256, ids=0, base=0, rows=4,
+                device=0, stream=0)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize(
+    "over, name",
+    [
+        (dict(y=0), "y/x/weight"), (dict(x=0), "y/x/weight"), (dict(weight=0), "y/x/weight"),
+        (dict(M=0), "M"), (dict(N=0), "N"), (dict(K=100), "K"), (dict(type_id=99), "type"),
+        (dict(type_id=Q8_0X8), "type"), (dict(dtype=FP8), "dtype"), (dict(ldx=128), "ldx"), (dict(ldy=32), "ldy"),
+    ],
+)
+def test_linear_quant_rejects(over, name):
+    with pytest.raises(ValueError, match=rf"^{re.escape(name)}:"):
+        _core._cuda_linear_quant(*quant_linear_args(**over).values())
+
+
+@pytest.mark.parametrize(
+    "over, name",
+    [
+        (dict(out=0), "out"), (dict(weight=0), "weight"), (dict(N=0), "N"), (dict(K=100), "K"),
+        (dict(type_id=Q8_0X8), "type"), (dict(dtype=FP8), "dtype"), (dict(ldo=128), "ldo"), (dict(rows=-1), "rows"),
+    ],
+)
+def test_dequantize_rows_rejects(over, name):
+    with pytest.raises(ValueError, match=rf"^{re.escape(name)}:"):
+        _core._cuda_dequantize_rows(*dequantize_args(**over).values())
+
+
+def test_dequantize_rows_of_none_launches_nothing():
+    _core._cuda_dequantize_rows(*dequantize_args(rows=0).values())
