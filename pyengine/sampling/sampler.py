@@ -388,7 +388,7 @@ class Sampler:
                 x = apply_presence_frequency(x, counts, self.presence_penalty[rows], self.frequency_penalty[rows])
         generated = self.num_generated[rows] if offsets is None else self.num_generated[rows] + offsets.to(self.device)
         x = self._mask_stop_tokens(x, rows, generated)
-        tokens = torch.argmax(x, dim=-1)
+        tokens = greedy_tokens(x).to(torch.int64)
         warped = self._warp(x, rows) if self._active["sample"] else None
         if warped is not None:
             xs, sampled = warped
@@ -444,7 +444,7 @@ class Sampler:
         generated = self.num_generated[rows] + offsets.to(self.device)
         x = logits
         x = self._mask_stop_tokens(x, rows, generated)
-        tokens = torch.argmax(x, dim=-1)
+        tokens = greedy_tokens(x).to(torch.int64)  # (int64: the draft runner keeps its proposals so)
         warped = self._warp(x, rows) if self._active["sample"] else None
         if warped is None:
             return tokens, None
