@@ -339,10 +339,7 @@ class ModelRunner:
             return Forwarded(fw.logits.index_select(0, rows), num_logits, self.logits_slots[:num_logits])
         with self.stream_context():
             d = self.dev
-            for name, n in (("input_ids", total), ("positions", total), ("slot_mapping", total),
-                            ("query_start_loc", size + 1), ("seq_lens", size), ("seq_slots", size),
-                            ("block_tables", size), ("logits_indices", total)):
-                d[name][:n].copy_(bufs[name][:n], non_blocking=True)
+            self._upload_padded(bufs, size, total, non_blocking=True)
             d["logits_slots"][:num_logits].copy_(self.logits_slots[:num_logits], non_blocking=True)
             d["verify_rows"][:num_tokens].copy_(rows, non_blocking=True)
             logits = self.graphs.replay_verify(size, drafts).index_select(0, d["verify_rows"][:num_tokens])
@@ -359,11 +356,14 @@ class ModelRunner:
         """Device buffers of a verify batch of padding sequences only (finite inputs, no KV
         written): what graph capture warms up and captures on."""
         bufs, _ = self._verify_layout(0, size, drafts)
-        total = size * (1 + drafts)
+        self._upload_padded(bufs, size, size * (1 + drafts), non_blocking=False)
+
+    def _upload_padded(self, bufs: dict[str, torch.Tensor], size: int, total: int, non_blocking: bool) -> None:
+        """Copies a padded verify batch's metadata (`_verify_layout`) into the device buffers."""
         for name, n in (("input_ids", total), ("positions", total), ("slot_mapping", total),
                         ("query_start_loc", size + 1), ("seq_lens", size), ("seq_slots", size),
                         ("block_tables", size), ("logits_indices", total)):
-            self.dev[name][:n].copy_(bufs[name][:n])
+            self.dev[name][:n].copy_(bufs[name][:n], non_blocking=non_blocking)
 
     def _upload(self, num_tokens: int, num_seqs: int, num_logits: int) -> None:
         """Copies the used part of this step's metadata to the device (non-blocking: the host
