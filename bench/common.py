@@ -324,16 +324,32 @@ def spread(xs: Sequence[float]) -> str:
 def dram_read_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
     """DRAM read bandwidth in bytes/s: the best of ``repeats`` timed ``sum()`` over an
     fp32 tensor of ``nbytes`` (512 MB, far larger than any cache), after one untimed
-    pass. With the benchmark's thread count, this is what a batch-1 decode can read."""
+    pass, both in ordinary 4 KiB pages and in a region of 2 MiB huge pages (where the engine
+    keeps its weights: pyengine/runtime/weight_arena.py), the faster of the two. With the
+    benchmark's thread count, this is what a batch-1 decode can read."""
+    from pyengine.runtime.weight_arena import WeightArena
+
     x = torch.ones(nbytes // 4, dtype=torch.float32)
-    x.sum()
+    arena = WeightArena.reserve(WeightArena.footprint(x))
+    huge = arena.copy_in(x)
     best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    del x
+    for t in (x, huge):
+        t.sum()
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            t.sum()
+            best = min(best, time.perf_counter() - t0)
+    del x, huge, arena
     return nbytes / best
+
+
+def huge_page_copies(t: torch.Tensor, copies: int) -> list[torch.Tensor]:
+    """``copies`` copies of ``t`` in one region of huge pages, as the engine keeps its weights
+    (pyengine/runtime/weight_arena.py): kernel benchmarks read what a model's forward reads."""
+    from pyengine.runtime.weight_arena import WeightArena
+
+    arena = WeightArena.reserve(copies * WeightArena.footprint(t))
+    return [arena.copy_in(t) for _ in range(copies)]
 
 
 def param_bytes(model_dir: Path | str, dtype: torch.dtype) -> int:

@@ -5,7 +5,8 @@ layouts the model uses) on the linear layers of qwen3-0.6b-shape (the W5 model) 
 Reports, per layer and format, the weight-read bandwidth (weight bytes / time) and the time
 against the bf16 kernel's on the same shape: what the bytes saved buy at batch 1 (a format
 that streams as fast as bf16 gives 2 / (bytes per weight) times its speed: Q8_0 1.88x, Q4_0
-and Q4_K 3.56x). The idle DRAM read bandwidth (a sum over a 512 MB tensor) is measured in the
+and Q4_K 3.56x). Every weight lies in huge pages, as a model's do (`huge_page_weights`). The
+idle DRAM read bandwidth (a sum over a 512 MB tensor) is measured in the
 same run. Several copies of each weight are cycled so that every call reads from DRAM; medians
 of --iters calls.
 
@@ -23,7 +24,7 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
-from bench.common import BENCH_THREADS, dram_read_bandwidth, machine_info, set_threads  # noqa: E402
+from bench.common import BENCH_THREADS, dram_read_bandwidth, huge_page_copies, machine_info, set_threads  # noqa: E402
 from bench.linear_bf16 import time_cycled  # noqa: E402
 
 # qwen3-0.6b-shape's linear layers (hidden 1024, 16 + 2 x 8 heads of 128, intermediate 3072)
@@ -59,11 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         x = torch.randn(1, k, generator=gen)
 
         copies = max(2, CYCLE_BYTES // (n * k * 4))
-        w32 = [base] + [base.clone() for _ in range(copies - 1)]
+        w32 = huge_page_copies(base, copies)
         t32 = time_cycled(lambda w: linear_f32(x, w), w32, iters)
         del w32
         copies = max(2, CYCLE_BYTES // (n * k * 2))
-        w16 = [base.to(torch.bfloat16) for _ in range(copies)]
+        w16 = huge_page_copies(base.to(torch.bfloat16), copies)
         x16 = x.to(torch.bfloat16)
         t16 = time_cycled(lambda w: linear_bf16(x16, w), w16, iters)
         del w16
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         for fmt in formats:
             q = QuantizedWeight.quantize(base, fmt).interleaved()
             copies = max(2, CYCLE_BYTES // q.nbytes)
-            qs = [q] + [QuantizedWeight([(f, d.clone()) for f, d in q.parts], k) for _ in range(copies - 1)]
+            (f, d), = q.parts
+            qs = [QuantizedWeight([(f, c)], k) for c in huge_page_copies(d, copies)]
             tq = time_cycled(lambda w: w.linear(x), qs, iters)
             print(f"| {name} | {n} x {k} | {fmt} | {q.nbytes / tq / 1e9:.1f} | {q.nbytes / tq / bandwidth:.0%} | "
                   f"{tq / t16:.2f} ({t16 / tq:.2f}x faster) |", flush=True)

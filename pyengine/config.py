@@ -275,6 +275,7 @@ class EngineConfig:
     cuda_graph_batch_sizes: Sequence[int] | None = None
     exact_fp32: bool = False
     pack_bf16_weights: bool | None = None
+    huge_page_weights: bool = True
     quantization: str | None = None
     quantize_lm_head: bool = True
     tokenizer: str | Path | None = None
@@ -323,6 +324,8 @@ class EngineConfig:
             raise TypeError(f"exact_fp32 must be a bool, got {self.exact_fp32!r}")
         if self.pack_bf16_weights is not None and not isinstance(self.pack_bf16_weights, bool):
             raise TypeError(f"pack_bf16_weights must be a bool or None, got {self.pack_bf16_weights!r}")
+        if not isinstance(self.huge_page_weights, bool):
+            raise TypeError(f"huge_page_weights must be a bool, got {self.huge_page_weights!r}")
         if not isinstance(self.quantize_lm_head, bool):
             raise TypeError(f"quantize_lm_head must be a bool, got {self.quantize_lm_head!r}")
         on_cpu = _device_type(self.device) == "cpu"  # (a bad device is named when it is resolved)

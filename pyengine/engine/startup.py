@@ -200,6 +200,7 @@ def _load_model(parts: EngineParts) -> Any:
         weights = _load_checkpoint(parts.config.model, names, parts.config.dtype, optional, parts.quant_plan)
     model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device,
                 exact_fp32=parts.config.exact_fp32)
+    _place_weights(parts.config.huge_page_weights, model)
     _pack_bf16_weights(parts.config.pack_bf16_weights, model)
     if parts.quant_plan is not None:
         logger.info("quantized at load to %s: %s", parts.config.quantization, parts.quant_plan.summary())
@@ -224,6 +225,17 @@ def _load_checkpoint(model_dir: Any, names: list[str], dtype: torch.dtype, optio
         return w if isinstance(w, QuantizedWeight) else w.to(dtype)
 
     return load_tensors(model_dir, names, torch.float32, optional, convert=convert)
+
+
+def _place_weights(setting: bool, model: LlamaFamilyModel) -> None:
+    """EngineConfig.huge_page_weights: a CPU model's weights move into one region of huge pages
+    (pyengine/runtime/weight_arena.py)."""
+    if not setting:
+        return
+    arena = model.place_weights_in_huge_pages()
+    if arena is not None:
+        logger.info("pyengine: weights (%.0f MB) copied into anonymous memory, huge pages %s", arena.used / 1e6,
+                    "advised" if arena.huge_pages_advised else "not available")
 
 
 # pack_bf16_weights=None packs while the copies take at most this share of the available memory
@@ -259,6 +271,7 @@ def _load_draft_model(parts: EngineParts) -> LlamaFamilyModel:
         plan = QuantPlan.create(spec.draft_quantization, mc.tie_word_embeddings, True, mc.num_layers)
     weights = _load_checkpoint(spec.draft_model, names, parts.config.dtype, optional, plan)
     model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device, exact_fp32=parts.config.exact_fp32)
+    _place_weights(parts.config.huge_page_weights, model)
     if plan is not None:
         logger.info("draft model quantized at load to %s: %s", spec.draft_quantization, plan.summary())
         del weights

@@ -14,6 +14,7 @@ the layer's residual structure (`_decoder`), the norm (`_norm`), the RoPE rows a
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -30,6 +31,7 @@ from pyengine.layers.norm import add_rms_norm, rms_norm
 from pyengine.layers.rotary import apply_rotary, rope_tables
 from pyengine.models.config import ModelConfig, lm_head_name
 from pyengine.quant import QuantizedWeight
+from pyengine.runtime.weight_arena import WeightArena
 
 
 @dataclass
@@ -112,6 +114,47 @@ class LlamaFamilyModel:
                 return
             self.packed[w.data_ptr()] = p
 
+    def place_weights_in_huge_pages(self) -> WeightArena | None:
+        """Moves every weight (embedding, decoder layers, final norm, head; a quantized weight's
+        blocks) into one WeightArena (pyengine/runtime/weight_arena.py: anonymous memory in 2 MiB
+        huge pages, where decode streams them faster than from the checkpoint's file mapping),
+        one tensor at a time. Returns the arena; None where the weights are not on the CPU.
+        Before anything takes the weights' addresses (packing, the one-call decode path)."""
+        if not weights_on_cpu(self.embed):
+            return None
+        owners: list[Any] = [self.__dict__, *self.layers]  # dicts whose values may be weights
+        keys = [("embed", "norm", "lm_head")] + [tuple(layer) for layer in self.layers]
+        seen: dict[int, torch.Tensor] = {}
+        for owner, names in zip(owners, keys):
+            for name in names:
+                for t in _weight_tensors(owner[name]):
+                    seen[id(t)] = t
+        arena = WeightArena.reserve(sum(WeightArena.footprint(t) for t in seen.values()))
+        del seen
+        lo, hi = arena.buffer.data_ptr(), arena.buffer.data_ptr() + arena.nbytes
+
+        moved: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # (weak: the old copies go as they are replaced)
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            if lo <= t.data_ptr() < hi:  # a quantized weight met twice (a tied head is the embedding)
+                return t
+            old = moved.get(id(t))
+            if old is not None and old[0]() is t:  # a tensor met twice
+                return old[1]
+            copy = arena.copy_in(t.contiguous())
+            moved[id(t)] = (weakref.ref(t), copy)
+            return copy
+
+        for owner, names in zip(owners, keys):
+            for name in names:
+                w = owner[name]
+                if isinstance(w, QuantizedWeight):
+                    w.parts = [(fmt, move(data)) for fmt, data in w.parts]
+                elif isinstance(w, torch.Tensor):
+                    owner[name] = move(w)
+        self.weight_arena = arena
+        return arena
+
     @property
     def packed_weight_bytes(self) -> int:
         """The bytes of the oneDNN-packed copies of the bf16 weights (0: none)."""
@@ -178,6 +221,8 @@ class LlamaFamilyModel:
         # the engine asks (pack_bf16_weights(); pyengine/layers/packed_gemm.py): data_ptr -> packed
         self.native_cpu_bf16 = cpu_bf16 and not self.emulate_bf16
         self.packed: dict[int, torch.Tensor] = {}
+        # the region the weights were moved into (place_weights_in_huge_pages(); None: where they were read)
+        self.weight_arena: WeightArena | None = None
         # torch's fp32 GEMV streams the weights at a fraction of the memory bandwidth: small fp32
         # batches on the CPU take pyengine's linear_f32 (the same sums in another order), unless
         # exact_fp32 asks for torch's (and transformers') rounding.
@@ -424,3 +469,10 @@ class LlamaFamilyModel:
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.gelu(gate, approximate="tanh") * up
         return self.linear(act, layer["down"], layer["down_bias"])
+
+
+def _weight_tensors(w: Any) -> list[torch.Tensor]:
+    """The tensors holding a weight's values (a quantized weight's row groups)."""
+    if isinstance(w, QuantizedWeight):
+        return [data for _, data in w.parts]
+    return [w] if isinstance(w, torch.Tensor) else []
