@@ -8,7 +8,7 @@ Two measurements, alternating between the placements round by round, medians:
      for qwen3-0.6b-shape), in GB/s of weights read;
   2. W2 with the engine: batch-1 decode tok/s with huge_page_weights=True and False.
 
-    python bench/weight_pages.py [--model qwen3-0.6b-shape] [--rounds 5] [--dtype bfloat16]
+    python bench/weight_pages.py [--model qwen3-0.6b-shape] [--runs 5] [--dtype bfloat16] [--quick]
 """
 
 from __future__ import annotations
@@ -59,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="qwen3-0.6b-shape")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16",
                    help="the engine's dtype in measurement 2 (the kernel of 1 is bf16)")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--runs", type=int, default=5, help="rounds, alternating the placements")
+    p.add_argument("--quick", action="store_true", help="one round")
     args = p.parse_args(argv)
+    if args.quick:
+        args.runs = 1
     set_threads(BENCH_THREADS)
     from pyengine import Engine, KvCacheConfig, SchedulerConfig
 
@@ -71,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     heads = head_placements(model_dir)
     nbytes = next(iter(heads.values())).nbytes
     rates: dict[str, list[float]] = {k: [] for k in heads}
-    for _ in range(args.rounds):
+    for _ in range(args.runs):
         for k, w in heads.items():
             rates[k].append(nbytes / gemv_seconds(w) / 1e9)
     print(f"\n1. bf16 linear kernel, M=1, over the embedding/head [{', '.join(map(str, next(iter(heads.values())).shape))}]"
-          f" ({nbytes / 1e6:.0f} MB), median of {args.rounds} rounds of 20 calls")
+          f" ({nbytes / 1e6:.0f} MB), median of {args.runs} rounds of 20 calls")
     print("| weights in | GB/s |\n|---|---|")
     for k, r in rates.items():
         print(f"| {k} | {median(r):.1f} |")
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     req = w2_request()
     decode: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(args.rounds):
+    for _ in range(args.runs):
         for huge in (True, False):
             engine = Engine(model_dir, dtype=args.dtype, max_seq_len=512, huge_page_weights=huge,
                             kv_cache_config=KvCacheConfig(max_tokens=2048, enable_block_reuse=False),
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             engine.shutdown()
             del engine
     on, off = median(decode[True]), median(decode[False])
-    print(f"\n2. W2 batch-1 decode, {args.dtype}, median of {args.rounds} engines each")
+    print(f"\n2. W2 batch-1 decode, {args.dtype}, median of {args.runs} engines each")
     print("| huge_page_weights | decode tok/s |\n|---|---|")
     print(f"| True (default) | {on:.1f} |\n| False | {off:.1f} |")
     print(f"True/False {on / off:.2f}x")

@@ -152,3 +152,13 @@ def test_huge_page_weights_must_be_a_bool(llama_dir):
     with pytest.raises(StartupError, match="huge_page_weights must be a bool, got 'yes'") as e:
         Engine(llama_dir, huge_page_weights="yes")
     assert e.value.phase == "config" and isinstance(e.value.error, TypeError)
+
+
+def test_bench_kernels_read_from_huge_pages_as_the_engine_does():
+    from bench.common import huge_page_copies
+
+    t = torch.arange(3000, dtype=torch.float32).view(30, 100)
+    copies = huge_page_copies(t, 3)
+    ptrs = [c.data_ptr() for c in copies]
+    assert [p - ptrs[0] for p in ptrs] == [0, 12288, 24576]  # 12,000 bytes each, 4 KiB aligned
+    assert ptrs[0] % HUGE_PAGE_BYTES == 0 and all(torch.equal(c, t) for c in copies)
