@@ -327,11 +327,8 @@ def dram_read_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
     pass, both in ordinary 4 KiB pages and in a region of 2 MiB huge pages (where the engine
     keeps its weights: pyengine/runtime/weight_arena.py), the faster of the two. With the
     benchmark's thread count, this is what a batch-1 decode can read."""
-    from pyengine.runtime.weight_arena import WeightArena
-
     x = torch.ones(nbytes // 4, dtype=torch.float32)
-    arena = WeightArena.reserve(WeightArena.footprint(x))
-    huge = arena.copy_in(x)
+    huge, = huge_page_copies(x, 1)
     best = float("inf")
     for t in (x, huge):
         t.sum()
@@ -339,7 +336,7 @@ def dram_read_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
             t0 = time.perf_counter()
             t.sum()
             best = min(best, time.perf_counter() - t0)
-    del x, huge, arena
+    del x, huge
     return nbytes / best
 
 

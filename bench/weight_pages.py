@@ -23,8 +23,8 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
-from bench.common import (BENCH_THREADS, bench_checkpoint, dram_read_bandwidth, machine_info, median,  # noqa: E402
-                          set_threads, w2_request)
+from bench.common import (BENCH_THREADS, bench_checkpoint, dram_read_bandwidth, huge_page_copies, machine_info,  # noqa: E402
+                          median, set_threads, w2_request)
 from bench.latency import pyengine_run  # noqa: E402
 
 
@@ -46,12 +46,11 @@ def gemv_seconds(w: torch.Tensor, calls: int = 20) -> float:
 def head_placements(model_dir: Path) -> dict[str, torch.Tensor]:
     """The model's largest weight (the embedding, which a tied head is) in the three places."""
     from pyengine.models.loader import load_tensors
-    from pyengine.runtime.weight_arena import WeightArena
 
     name = "model.embed_tokens.weight"
     mapped = load_tensors(model_dir, [name], torch.bfloat16, ())[name]
-    arena = WeightArena.reserve(WeightArena.footprint(mapped))
-    return {"file mapping": mapped, "copy, 4 KiB pages": mapped.clone(), "weight region": arena.copy_in(mapped)}
+    return {"file mapping": mapped, "copy, 4 KiB pages": mapped.clone(),
+            "weight region": huge_page_copies(mapped, 1)[0]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -122,15 +122,12 @@ class LlamaFamilyModel:
         Before anything takes the weights' addresses (packing, the one-call decode path)."""
         if not weights_on_cpu(self.embed):
             return None
-        owners: list[Any] = [self.__dict__, *self.layers]  # dicts whose values may be weights
-        keys = [("embed", "norm", "lm_head")] + [tuple(layer) for layer in self.layers]
-        seen: dict[int, torch.Tensor] = {}
-        for owner, names in zip(owners, keys):
-            for name in names:
-                for t in _weight_tensors(owner[name]):
-                    seen[id(t)] = t
-        arena = WeightArena.reserve(sum(WeightArena.footprint(t) for t in seen.values()))
-        del seen
+        # (dict, key) of every value that may be a weight
+        slots = [(self.__dict__, k) for k in ("embed", "norm", "lm_head")]
+        slots += [(layer, k) for layer in self.layers for k in layer]
+        unique = {id(t): t for owner, k in slots for t in _weight_tensors(owner[k])}
+        arena = WeightArena.reserve(sum(WeightArena.footprint(t) for t in unique.values()))
+        del unique
         lo, hi = arena.buffer.data_ptr(), arena.buffer.data_ptr() + arena.nbytes
 
         moved: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # (weak: the old copies go as they are replaced)
@@ -145,13 +142,12 @@ class LlamaFamilyModel:
             moved[id(t)] = (weakref.ref(t), copy)
             return copy
 
-        for owner, names in zip(owners, keys):
-            for name in names:
-                w = owner[name]
-                if isinstance(w, QuantizedWeight):
-                    w.parts = [(fmt, move(data)) for fmt, data in w.parts]
-                elif isinstance(w, torch.Tensor):
-                    owner[name] = move(w)
+        for owner, k in slots:
+            w = owner[k]
+            if isinstance(w, QuantizedWeight):
+                w.parts = [(fmt, move(data)) for fmt, data in w.parts]
+            elif isinstance(w, torch.Tensor):
+                owner[k] = move(w)
         self.weight_arena = arena
         return arena
 

@@ -37,6 +37,38 @@ inline void prefetch_part(const void* p, int32_t bytes, int part, int parts) {
 // Integer sums of 16 products per int16 lane stay below 2^15 for levels below 16 (16 * 15 * 127);
 // 6-bit levels (Q6_K) take 4 products per lane (4 * 63 * 127) before widening.
 
+// 32 weights of each of 8 rows in nibbles (4 chunks of 32 bytes at qs: positions 8c .. 8c + 3 in
+// the low nibbles, 8c + 4 .. 8c + 7 in the high ones) against MB rows' 32 activations xq[m]:
+// dot_add'ed into s[m]. With VNNI the high nibbles are multiplied where they lie (v & 0xf0,
+// 16 times their level, no shift) into sums of their own, exact in int32 and divided by 16
+// once; without it, int16 sums (16 products of up to 15 * 127 a lane) need them shifted down.
+template <int MB>
+inline void nibble_dots(const uint8_t* qs, const int8_t* const* xq, __m256i* s) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+#if PYENGINE_QUANT_VNNI
+  __m256i s16[MB];
+  for (int m = 0; m < MB; ++m) s16[m] = _mm256_setzero_si256();
+  for (int c = 0; c < 4; ++c) {
+    const __m256i v = load32(qs + 32 * c);
+    const __m256i lo = _mm256_and_si256(v, low4), hi16 = _mm256_andnot_si256(low4, v);
+    for (int m = 0; m < MB; ++m) {
+      s[m] = dot_add(s[m], lo, broadcast4(xq[m] + 8 * c));
+      s16[m] = dot_add(s16[m], hi16, broadcast4(xq[m] + 8 * c + 4));
+    }
+  }
+  for (int m = 0; m < MB; ++m) s[m] = _mm256_add_epi32(s[m], _mm256_srai_epi32(s16[m], 4));
+#else
+  for (int c = 0; c < 4; ++c) {
+    const __m256i v = load32(qs + 32 * c);
+    const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    for (int m = 0; m < MB; ++m) {
+      s[m] = dot_add(s[m], lo, broadcast4(xq[m] + 8 * c));
+      s[m] = dot_add(s[m], hi, broadcast4(xq[m] + 8 * c + 4));
+    }
+  }
+#endif
+}
+
 // Q4_0x8 and Q4_Zx8: unsigned 4-bit levels less an offset, 8 for Q4_0, each row's own zero
 // point z for Q4_Z.
 template <typename B, int MB>
@@ -48,36 +80,14 @@ void group_nibbles_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* o
   for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_32*>(a.xq + (m0 + m) * a.xrow_bytes);
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  const __m256i low4 = _mm256_set1_epi8(0x0f);
   for (int32_t b = 0; b < nb; ++b) {
     const B& wb = w[b];
     if (MB == 1) prefetch_lines(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(B));
     __m256i s[MB];
     for (int m = 0; m < MB; ++m) s[m] = _mm256_setzero_si256();
-#if PYENGINE_QUANT_VNNI
-    // the high nibbles multiplied in place (16 times their level: v & 0xf0, no shift) into sums
-    // of their own, 16 times the true ones and exact in int32, divided by 16 once per block
-    __m256i s16[MB];
-    for (int m = 0; m < MB; ++m) s16[m] = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {  // positions 8c .. 8c + 3 (low nibbles), 8c + 4 .. 8c + 7 (high)
-      const __m256i v = load32(wb.qs + 32 * c);
-      const __m256i lo = _mm256_and_si256(v, low4), hi16 = _mm256_andnot_si256(low4, v);
-      for (int m = 0; m < MB; ++m) {
-        s[m] = dot_add(s[m], lo, broadcast4(x[m][b].qs + 8 * c));
-        s16[m] = dot_add(s16[m], hi16, broadcast4(x[m][b].qs + 8 * c + 4));
-      }
-    }
-    for (int m = 0; m < MB; ++m) s[m] = _mm256_add_epi32(s[m], _mm256_srai_epi32(s16[m], 4));
-#else
-    for (int c = 0; c < 4; ++c) {  // positions 8c .. 8c + 3 (low nibbles), 8c + 4 .. 8c + 7 (high)
-      const __m256i v = load32(wb.qs + 32 * c);
-      const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-      for (int m = 0; m < MB; ++m) {
-        s[m] = dot_add(s[m], lo, broadcast4(x[m][b].qs + 8 * c));
-        s[m] = dot_add(s[m], hi, broadcast4(x[m][b].qs + 8 * c + 4));
-      }
-    }
-#endif
+    const int8_t* xq[MB];
+    for (int m = 0; m < MB; ++m) xq[m] = x[m][b].qs;
+    nibble_dots<MB>(wb.qs, xq, s);
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
     __m256 z;  // Q4_Z: the rows' zero points
     if constexpr (kZeroPoints)
@@ -127,7 +137,7 @@ void group_q4_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
   for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_256*>(a.xq + (m0 + m) * a.xrow_bytes);
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1);
   for (int32_t b = 0; b < nb; ++b) {
     const BlockQ4_Kx8& wb = w[b];
     __m256i sumi[MB];
@@ -138,30 +148,9 @@ void group_q4_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
       const __m256i sc = lane_scales_u8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.scales + kRows8 * s)));
       __m256i s16[MB];
       for (int m = 0; m < MB; ++m) s16[m] = _mm256_setzero_si256();
-#if PYENGINE_QUANT_VNNI  // the high nibbles in place, as in group_nibbles_x8
-      __m256i hi16s[MB];
-      for (int m = 0; m < MB; ++m) hi16s[m] = _mm256_setzero_si256();
-      for (int c = 0; c < 4; ++c) {
-        const __m256i v = load32(wb.qs + 128 * s + 32 * c);
-        const __m256i lo = _mm256_and_si256(v, low4), hi16 = _mm256_andnot_si256(low4, v);
-        for (int m = 0; m < MB; ++m) {
-          const int8_t* xq = x[m][b].qs + 32 * s + 8 * c;
-          s16[m] = dot_add(s16[m], lo, broadcast4(xq));
-          hi16s[m] = dot_add(hi16s[m], hi16, broadcast4(xq + 4));
-        }
-      }
-      for (int m = 0; m < MB; ++m) s16[m] = _mm256_add_epi32(s16[m], _mm256_srai_epi32(hi16s[m], 4));
-#else
-      for (int c = 0; c < 4; ++c) {
-        const __m256i v = load32(wb.qs + 128 * s + 32 * c);
-        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        for (int m = 0; m < MB; ++m) {
-          const int8_t* xq = x[m][b].qs + 32 * s + 8 * c;
-          s16[m] = dot_add(s16[m], lo, broadcast4(xq));
-          s16[m] = dot_add(s16[m], hi, broadcast4(xq + 4));
-        }
-      }
-#endif
+      const int8_t* xq[MB];
+      for (int m = 0; m < MB; ++m) xq[m] = x[m][b].qs + 32 * s;
+      nibble_dots<MB>(wb.qs + 128 * s, xq, s16);
       for (int m = 0; m < MB; ++m) sumi[m] = _mm256_add_epi32(sumi[m], dot_scaled(s16[m], sc));
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
