@@ -207,3 +207,22 @@ def test_core_validates_arguments(args, name, kernel):
     # The C++ entry point checks before touching memory (these addresses are never read).
     with pytest.raises(ValueError, match=f"^{name}:"):
         kernel(*args)
+
+
+@DTYPES
+@pytest.mark.parametrize("m", [1, 3])
+def test_thread_counts_give_the_same_bits(m, dtype, cpu_isa):
+    # Threads share the columns in chunks and take over a slower thread's remaining share: which
+    # thread computes a column (and how many threads there are) does not change its bits.
+    x, w, b = make(m, 3000, 1024, seed=31 + m, bias=True, dtype=dtype)
+    fn = linear_bf16 if dtype == BF16 else linear_f32
+    old = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3, 5):
+            torch.set_num_threads(threads)
+            outs.extend(fn(x, w, b) for _ in range(3))
+    finally:
+        torch.set_num_threads(old)
+    for y in outs[1:]:
+        assert torch.equal(y, outs[0])

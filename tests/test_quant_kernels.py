@@ -214,6 +214,28 @@ def test_interleaved_linear_matches_fp64_reference_at_every_row_count(fmt, quant
         assert torch.equal(part, same[:m]), f"M={m}"
 
 
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])
+@pytest.mark.parametrize("m", [1, 5])
+def test_thread_counts_give_the_same_bits(fmt, m, quant_cpu_isa):
+    """Threads share the output columns in chunks of ~16 KiB of weights and take over a slower
+    thread's remaining share: which thread computes a column, and how many threads there are,
+    does not change its bits (plain and interleaved layouts)."""
+    n, k = 2048, 1024
+    plain = QuantizedWeight.quantize(weights(n, k, seed=12), fmt)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(13))
+    old = torch.get_num_threads()
+    try:
+        for q in (plain, plain.interleaved()):
+            outs = []
+            for threads in (1, 2, 3, 5):
+                torch.set_num_threads(threads)
+                outs.extend(q.linear(x) for _ in range(3))
+            for y in outs[1:]:
+                assert torch.equal(y, outs[0]), q.layouts
+    finally:
+        torch.set_num_threads(old)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 def test_linear_small_outputs_and_bias(fmt, n, quant_cpu_isa):

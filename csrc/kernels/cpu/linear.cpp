@@ -84,7 +84,7 @@ void linear(T* y, const T* x, const T* weight, const T* bias, int32_t M, int32_t
   const LinearArgs a{y, xf.data(), kp, weight, bias, bf16, M, N, K};
   int nt = cpu::resolve_threads(num_threads);
   if (static_cast<int64_t>(N) * K < kMinParallelElems) nt = 1;
-  cpu::split_columns(N, nt, kColumnGrain, [&](int32_t n0, int32_t n1) { rows(a, n0, n1); });
+  cpu::split_columns(N, nt, kColumnGrain, int64_t{kColumnGrain} * K * static_cast<int64_t>(sizeof(T)), [&](int32_t n0, int32_t n1) { rows(a, n0, n1); });
 }
 
 }  // namespace

@@ -99,7 +99,8 @@ PYENGINE_OMP(parallel num_threads(nt_max))
   // Many rows of x (prefill): a chunk of them at a time, so that the chunk's activation blocks stay
   // in cache while each thread streams its weight rows past them (rather than every weight row
   // streaming all of x).
-  cpu::split_columns(N, nt, interleaved ? kInterleaveRows : kColumnGrain, [&](int32_t n0, int32_t n1) {
+  const int32_t grain = interleaved ? kInterleaveRows : kColumnGrain;
+  cpu::split_columns(N, nt, grain, grain * wrow, [&](int32_t n0, int32_t n1) {
     for (int32_t m0 = 0; m0 < M; m0 += kRowChunk) {
       QuantLinearArgs chunk = a;
       chunk.y = y + m0 * ldy;
