@@ -312,11 +312,22 @@ def test_inverse_cdf_steps_back_inside_a_group():
     assert sample_inverse_cdf(logits, torch.tensor([0.0], dtype=torch.float64)).tolist() == [0]
 
 
-@pytest.mark.parametrize("vocab", [1, 5, 16, 17, 1000, 32000])
-def test_greedy_tokens_are_torch_argmax_with_its_ties_and_nans(vocab):
+@pytest.mark.parametrize("vocab", [1, 5, 16, 17, 1000, 32000, 151936])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_greedy_tokens_are_torch_argmax_with_its_ties_and_nans(vocab, threads, cpu_isa):
     """pyengine's argmax kernel (fp32 on the CPU) picks what torch.argmax picks: the first of equal
     largest values (-0.0 and 0.0 are equal), the first NaN of a row that has one; rows `stride`
-    apart (a slice of a wider buffer)."""
+    apart (a slice of a wider buffer); a long row split between threads (ties and NaNs in either
+    thread's span), at every instruction-set level."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        check_greedy_tokens(vocab)
+    finally:
+        torch.set_num_threads(old)
+
+
+def check_greedy_tokens(vocab: int) -> None:
     g = torch.Generator().manual_seed(vocab)
     wide = torch.randn(8, vocab + 3, generator=g)
     x = wide[:, :vocab]
@@ -334,6 +345,16 @@ def test_greedy_tokens_are_torch_argmax_with_its_ties_and_nans(vocab):
     assert got.dtype == torch.int32 and x.stride(0) == vocab + 3
     assert got.tolist() == torch.argmax(x, dim=-1).tolist()
     assert got[4] == vocab - 1 and got[6] == vocab // 2
+    if vocab >= 1000:  # the largest value twice, in the last and the first span: the first one
+        y = torch.randn(4, vocab, generator=g)
+        y[0, vocab - 2] = y[0, 3] = 9.0
+        y[1, vocab - 1] = y[1, vocab // 2 - 1] = 9.0
+        y[2, :] = -0.0                            # all -0.0 but a 0.0 at the end: index 0
+        y[2, vocab - 1] = 0.0
+        y[3, :] = -2.0                            # 0.0 late, -0.0 later: the first of them
+        y[3, vocab - 5] = 0.0
+        y[3, vocab - 3] = -0.0
+        assert greedy_tokens(y).tolist() == torch.argmax(y, dim=-1).tolist() == [3, vocab // 2 - 1, 0, vocab - 5]
 
 
 def test_greedy_tokens_of_other_dtypes_and_no_rows():

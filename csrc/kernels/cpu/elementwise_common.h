@@ -54,11 +54,21 @@ struct StoreKvArgs {
   int32_t num_tokens, num_kv_heads, head_dim, tokens_per_block;
 };
 
-#define PYENGINE_ELEMENTWISE_ENTRY_POINTS         \
-  void rms_norm(const RmsNormArgs& a);            \
-  void rotary_embedding(const RotaryArgs& a);     \
-  void silu_mul(const SiluMulArgs& a);            \
-  void store_kv(const StoreKvArgs& a);
+// One span [begin, end) of a row of fp32 logits, for argmax_rows: the first NaN's index (-1:
+// none), the largest value's order key (the float's bits with a negative value's magnitude bits
+// flipped, so that keys order as the values; NaNs aside) and the first index holding that key.
+struct ArgmaxSpan {
+  int32_t first_nan;
+  int32_t key;
+  int32_t index;
+};
+
+#define PYENGINE_ELEMENTWISE_ENTRY_POINTS                                       \
+  void rms_norm(const RmsNormArgs& a);                                          \
+  void rotary_embedding(const RotaryArgs& a);                                   \
+  void silu_mul(const SiluMulArgs& a);                                          \
+  void store_kv(const StoreKvArgs& a);                                          \
+  void argmax_span(const float* x, int32_t begin, int32_t end, ArgmaxSpan& out);
 
 namespace isa_generic { PYENGINE_ELEMENTWISE_ENTRY_POINTS }
 namespace isa_avx2 { PYENGINE_ELEMENTWISE_ENTRY_POINTS }

@@ -4,6 +4,7 @@
 
 #include "parallel.h"
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -190,6 +190,61 @@ PYENGINE_OMP(parallel for schedule(static) if (work >= (int64_t{1} << 18)))
 
 }  // namespace
 
+// One pass over the span in 16 independent lanes, each keeping its largest key and the first
+// index holding it (integer compare-selects: gcc vectorizes them, float ones it does not without
+// -ffast-math), and whether a NaN was seen; the lanes then give the span's largest key and, of
+// the lanes holding it, the smallest index: the span's first occurrence.
+void argmax_span(const float* x, int32_t begin, int32_t end, ArgmaxSpan& out) {
+  constexpr int32_t kLanes = 16;
+  int32_t best[kLanes], at[kLanes], nan[kLanes];
+  for (int32_t j = 0; j < kLanes; ++j) {
+    best[j] = INT32_MIN;  // below every non-NaN key (-inf's is 0x807fffff)
+    at[j] = INT32_MAX;
+    nan[j] = 0;
+  }
+  int32_t i = begin;
+  for (; i + kLanes <= end; i += kLanes)
+    for (int32_t j = 0; j < kLanes; ++j) {
+      int32_t bits;
+      std::memcpy(&bits, x + i + j, sizeof(bits));
+      nan[j] |= (bits & INT32_MAX) > 0x7f800000;
+      const int32_t key = bits ^ ((bits >> 31) & INT32_MAX);
+      const bool above = key > best[j];
+      best[j] = above ? key : best[j];
+      at[j] = above ? i + j : at[j];
+    }
+  for (int32_t j = 0; i < end; ++i, ++j) {
+    int32_t bits;
+    std::memcpy(&bits, x + i, sizeof(bits));
+    nan[j] |= (bits & INT32_MAX) > 0x7f800000;
+    const int32_t key = bits ^ ((bits >> 31) & INT32_MAX);
+    if (key > best[j]) {
+      best[j] = key;
+      at[j] = i;
+    }
+  }
+  out = {-1, INT32_MIN, -1};
+  int32_t any_nan = 0;
+  for (int32_t j = 0; j < kLanes; ++j) {
+    any_nan |= nan[j];
+    if (at[j] == INT32_MAX) continue;  // a lane that saw nothing but NaNs (or nothing)
+    if (out.index < 0 || best[j] > out.key || (best[j] == out.key && at[j] < out.index)) {
+      out.key = best[j];
+      out.index = at[j];
+    }
+  }
+  if (any_nan) {
+    for (i = begin; i < end; ++i) {
+      int32_t bits;
+      std::memcpy(&bits, x + i, sizeof(bits));
+      if ((bits & INT32_MAX) > 0x7f800000) {
+        out.first_nan = i;
+        break;
+      }
+    }
+  }
+}
+
 void rms_norm(const RmsNormArgs& a) {
   by_dtype(a.dtype, [&](auto* tag) { rms_norm_typed<std::remove_pointer_t<decltype(tag)>>(a); });
 }

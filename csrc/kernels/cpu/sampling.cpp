@@ -1,56 +1,46 @@
 // argmax_rows: see pyengine/cpu_sampling.h.
-#include "pyengine/cpu_sampling.h"
+#include "parallel.h"
 
-#include <climits>
+#include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "column_split.h"
+#include "elementwise_common.h"
+#include "isa_target.h"
+#include "pyengine/cpu_sampling.h"
 
 namespace pyengine::kernels {
 
 namespace {
 
-// Passes over a row that sits in cache (the output projection has just written it), each a plain
-// loop gcc vectorizes: whether it holds a NaN; its largest value, in 16 independent lanes (the
-// max of a set does not depend on the order it is taken in); the first index holding it.
-bool has_nan(const float* x, int32_t n) {
-  int32_t nans = 0;
-  for (int32_t i = 0; i < n; ++i) nans += x[i] != x[i];
-  return nans != 0;
-}
+// Below this many values a row's argmax is one span (a fork/join would cost more).
+constexpr int32_t kMinSpanValues = 16384;
 
-// The largest value of a row without NaNs. On integers: float compare-selects are not vectorized
-// without -ffast-math, integer ones are. Flipping the magnitude bits of negative values orders
-// the bit patterns as the values (-0.0 just below +0.0: either is a largest value then).
-float max_value(const float* x, int32_t n) {
-  int32_t best = INT32_MIN;
-  for (int32_t i = 0; i < n; ++i) {
-    int32_t bits;
-    std::memcpy(&bits, x + i, sizeof(bits));
-    const int32_t key = bits ^ ((bits >> 31) & INT32_MAX);
-    best = key > best ? key : best;
+// The row's answer from its spans' (in order): the first NaN of the first span holding one; else
+// the largest key, the first span holding it giving the index; a largest value of zero, which
+// -0.0 and 0.0 share (keys tell them apart, torch does not), by a scan for the first zero.
+int32_t combine(const cpu::ArgmaxSpan* spans, int32_t n, const float* row, int32_t vocab_size) {
+  for (int32_t s = 0; s < n; ++s)
+    if (spans[s].first_nan >= 0) return spans[s].first_nan;
+  int32_t best = -1;
+  for (int32_t s = 0; s < n; ++s)
+    if (spans[s].index >= 0 && (best < 0 || spans[s].key > spans[best].key)) best = s;
+  if (best < 0) return 0;  // (not reached: a row without NaNs has a largest value)
+  const int32_t key = spans[best].key;
+  if (key == 0 || key == -1) {  // +0.0 or -0.0
+    for (int32_t i = 0; i < vocab_size; ++i)
+      if (row[i] == 0.0f) return i;
   }
-  best ^= (best >> 31) & INT32_MAX;  // the flip is its own inverse
-  float value;
-  std::memcpy(&value, &best, sizeof(value));
-  return value;
-}
-
-int32_t argmax_row(const float* x, int32_t n) {
-  if (has_nan(x, n)) {
-    for (int32_t i = 0; i < n; ++i)
-      if (x[i] != x[i]) return i;
-  }
-  const float best = max_value(x, n);
-  for (int32_t i = 0; i < n; ++i)
-    if (x[i] == best) return i;
-  return 0;  // (not reached: best is one of the values)
+  return spans[best].index;
 }
 
 }  // namespace
 
-void argmax_rows(int32_t* out, const float* logits, int64_t logits_stride, int32_t num_rows, int32_t vocab_size) {
+void argmax_rows(int32_t* out, const float* logits, int64_t logits_stride, int32_t num_rows, int32_t vocab_size,
+                 int32_t num_threads) {
   if (num_rows < 0) throw std::invalid_argument("num_rows: must be >= 0, got " + std::to_string(num_rows));
   if (vocab_size <= 0)
     throw std::invalid_argument("vocab_size: must be positive, got " + std::to_string(vocab_size));
@@ -58,7 +48,26 @@ void argmax_rows(int32_t* out, const float* logits, int64_t logits_stride, int32
     throw std::invalid_argument("logits_stride: " + std::to_string(logits_stride) + " is smaller than vocab_size " +
                                 std::to_string(vocab_size));
   if (num_rows > 0 && (out == nullptr || logits == nullptr)) throw std::invalid_argument("out/logits: null pointer");
-  for (int32_t r = 0; r < num_rows; ++r) out[r] = argmax_row(logits + r * logits_stride, vocab_size);
+  (void)cpu_isa();  // throws here if PYENGINE_CPU_ISA is invalid
+  // Each row in contiguous spans, one per thread: the output projection's threads have just
+  // written about these shares of the row, so each thread reads its own from its cache.
+  const int32_t spans = std::max(1, std::min(cpu::resolve_threads(num_threads), vocab_size / kMinSpanValues));
+  std::vector<cpu::ArgmaxSpan> found(static_cast<size_t>(num_rows) * spans);
+  auto run = [&](int32_t r, int32_t s) {
+    const cpu::GroupRange g = cpu::thread_groups(vocab_size, s, spans);
+    PYENGINE_ISA_CALL(argmax_span, logits + r * logits_stride, g.begin, g.end, found[static_cast<size_t>(r) * spans + s]);
+  };
+  if (spans == 1) {
+    for (int32_t r = 0; r < num_rows; ++r) run(r, 0);
+  } else {
+PYENGINE_OMP(parallel num_threads(spans))
+    {
+      for (int32_t s = cpu::thread_id(); s < spans; s += cpu::team_size())
+        for (int32_t r = 0; r < num_rows; ++r) run(r, s);
+    }
+  }
+  for (int32_t r = 0; r < num_rows; ++r)
+    out[r] = combine(found.data() + static_cast<size_t>(r) * spans, spans, logits + r * logits_stride, vocab_size);
 }
 
 }  // namespace pyengine::kernels
