@@ -150,6 +150,26 @@ def test_thread_counts_agree(cpu_isa):
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(16, 8, 128), (8, 8, 64), (12, 4, 80), (32, 2, 64)])
+def test_decode_rows_of_several_kv_heads_per_item(threads, num_heads, num_kv_heads, head_dim, cpu_isa):
+    """One-row tiles (decode, and the last row of a prompt whose length is a tile plus one) are
+    planned with several KV heads per item where the level's decode kernel runs them, and those
+    items are split over the KV range when there are few of them (one long sequence): each row is
+    the reference's, as when every item holds one head; a sliding window narrows every head's
+    range alike."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for specs in ([(1500, 1)], [(40, 1)], [(700, 1), (33, 1), (300, 17), (5, 1)]):
+            for window in (0, 100):
+                for cache_dtype in (torch.float16, torch.float32):
+                    run_case(specs, num_heads, num_kv_heads, head_dim, 16, cache_dtype, torch.float32, window,
+                             len(specs) + window + head_dim)
+    finally:
+        torch.set_num_threads(old)
+
+
 def test_out_argument_and_row_stride(cpu_isa):
     gen = torch.Generator().manual_seed(10)
     specs = [(50, 1), (40, 10)]

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "pyengine/cpu_isa.h"
 #include "pyengine/kernels.h"
 
 namespace pyengine::kernels::cpu {
@@ -14,12 +15,19 @@ namespace pyengine::kernels::cpu {
 // [kv_lo, kv_hi) (already narrowed to what those rows can see). partial < 0: the item covers all
 // visible KV and writes `out` directly; otherwise it is one split-K piece and writes its
 // un-normalised accumulator, running max and running sum to partial slot `partial`.
+//
+// A decode item (one query row, q1 = q0 + 1) may cover `heads` consecutive KV heads from kv_head:
+// its rows are then those heads' query heads in order, and the decode kernel reads the heads'
+// K/V slices of each block one after another -- a contiguous run of the block -- instead of one
+// head's 4 KB slice per block, which keeps the hardware prefetcher streaming. Every row is
+// computed as a one-head item would compute it.
 struct WorkItem {
   int32_t seq;
   int32_t kv_head;
   int32_t q0, q1;
   int32_t kv_lo, kv_hi;
   int32_t partial;
+  int32_t heads = 1;
 };
 
 // Merges the split-K pieces [first_partial, first_partial + num_partials) of one (seq, kv_head,
@@ -30,7 +38,14 @@ struct CombineItem {
   int32_t q0, q1;
   int32_t first_partial;
   int32_t num_partials;
+  int32_t heads = 1;  // KV heads from kv_head (as the pieces' WorkItem)
 };
+
+// Whether the level's back end runs one-row items with several KV heads (its decode kernel:
+// the AVX2 and AVX-512 builds, head_dim a multiple of 16). The planner groups heads only then.
+inline bool decode_kernel_groups_heads(CpuIsa isa, int32_t head_dim) {
+  return (isa == CpuIsa::kAvx2 || isa == CpuIsa::kAvx512) && head_dim % 16 == 0;
+}
 
 struct AttnParams {
   void* out;

@@ -198,13 +198,15 @@ static inline int32_t decode_offsets(const int32_t* btab, int32_t c0, int32_t c1
   return c1 > c0 ? c1 - c0 : 0;
 }
 
-// The G rows (Q, acc: d apart; m, l: one per row) of one query position against keys [a, e),
-// in row groups of up to 4 per chunk (each chunk's K/V stays in cache across the groups).
+// The G rows (Q, acc: d apart; m, l: one per row) of each of `heads` KV heads from kv_head (rows
+// head-major) of one query position against keys [a, e), in row groups of up to 4 per chunk
+// (each chunk's K/V stays in cache across the groups). Chunk by chunk, the heads one after
+// another: their slices of a block lie side by side, so the reads run through the block in order.
 // `stage`: 4 * kW * kW floats.
 template <typename VT, typename KV>
-static void decode_rows(const float* Q, int32_t G, const KV* k, const KV* v, const int32_t* btab, int32_t T,
-                        int32_t H, int32_t kv_head, int32_t a, int32_t e, int32_t d, float cap, float* acc,
-                        float* m, float* l, float* stage) {
+static void decode_rows(const float* Q, int32_t G, int32_t heads, const KV* k, const KV* v, const int32_t* btab,
+                        int32_t T, int32_t H, int32_t kv_head, int32_t a, int32_t e, int32_t d, float cap,
+                        float* acc, float* m, float* l, float* stage) {
   int64_t offs[2][kDecodeChunk];
   int32_t cur = 0;
   int32_t c1 = imin(e, (a / kDecodeChunk + 1) * kDecodeChunk);
@@ -212,10 +214,13 @@ static void decode_rows(const float* Q, int32_t G, const KV* k, const KV* v, con
   while (n > 0) {
     const int32_t n1 = imin(e, c1 + kDecodeChunk);
     const int32_t n_next = decode_offsets(btab, c1, n1, T, H, kv_head, d, offs[cur ^ 1]);
-    for (int32_t g0 = 0; g0 < G; g0 += 4) {
-      const int64_t r = g0;
-      decode_chunk_rows<VT, KV>(imin(4, G - g0), Q + r * d, k, v, offs[cur], n, offs[cur ^ 1],
-                                g0 == 0 ? n_next : 0, d, cap, acc + r * d, m + r, l + r, stage);
+    for (int32_t h = 0; h < heads; ++h) {
+      const int64_t slice = static_cast<int64_t>(h) * T * d;  // head kv_head + h's rows of a block
+      for (int32_t g0 = 0; g0 < G; g0 += 4) {
+        const int64_t r = static_cast<int64_t>(h) * G + g0;
+        decode_chunk_rows<VT, KV>(imin(4, G - g0), Q + r * d, k + slice, v + slice, offs[cur], n, offs[cur ^ 1],
+                                  g0 == 0 ? n_next : 0, d, cap, acc + r * d, m + r, l + r, stage);
+      }
     }
     c1 = n1;
     n = n_next;

@@ -659,7 +659,8 @@ static void run_item(const AttnParams& p, const WorkItem& it, float* scratch) {
   const int32_t H = p.num_kv_heads;
   const int32_t maxM = p.max_rows;
   const int32_t nq = it.q1 - it.q0;
-  const int32_t M = nq * G;
+  const int32_t GH = G * it.heads;  // query rows per token: the query heads of the item's KV heads
+  const int32_t M = nq * GH;
 
   float* Q = scratch;
   float* acc = Q + static_cast<int64_t>(maxM) * D;
@@ -681,8 +682,8 @@ static void run_item(const AttnParams& p, const WorkItem& it, float* scratch) {
 
   for (int32_t qi = 0; qi < nq; ++qi) {
     const int64_t tok = q_begin + it.q0 + qi;
-    for (int32_t g = 0; g < G; ++g) {
-      const int32_t r = qi * G + g;
+    for (int32_t g = 0; g < GH; ++g) {
+      const int32_t r = qi * GH + g;
       const int64_t off = tok * p.query_row_stride + static_cast<int64_t>(it.kv_head * G + g) * D;
       load_row_scaled(p.query, p.q_dtype, off, Q + static_cast<int64_t>(r) * D, D, p.scale);
     }
@@ -702,7 +703,7 @@ static void run_item(const AttnParams& p, const WorkItem& it, float* scratch) {
 #ifdef PYENGINE_ATTN_DECODE
   if (nq == 1 && D % 16 == 0) {  // one query position: the chunked decode kernel
     const int32_t vis_lo = W > 0 ? pos0 - W + 1 : 0;
-    decode_rows<DecodeVec, KV>(Q, G, kbase, vbase, btab, T, H, it.kv_head, imax(lo, vis_lo),
+    decode_rows<DecodeVec, KV>(Q, G, it.heads, kbase, vbase, btab, T, H, it.kv_head, imax(lo, vis_lo),
                                imin(hi, pos0 + 1), D, cap, acc, mrow, lrow, stage);
     decoded = true;
   }
@@ -779,8 +780,8 @@ static void run_item(const AttnParams& p, const WorkItem& it, float* scratch) {
   if (it.partial < 0) {
     for (int32_t qi = 0; qi < nq; ++qi) {
       const int64_t tok = q_begin + it.q0 + qi;
-      for (int32_t g = 0; g < G; ++g) {
-        const int32_t r = qi * G + g;
+      for (int32_t g = 0; g < GH; ++g) {
+        const int32_t r = qi * GH + g;
         const int64_t off = tok * p.out_row_stride + static_cast<int64_t>(it.kv_head * G + g) * D;
         const float inv = lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
         store_row_scaled(p.out, p.q_dtype, off, acc + static_cast<int64_t>(r) * D, D, inv);
@@ -800,11 +801,12 @@ static void run_combine(const AttnParams& p, const CombineItem& c, float* scratc
   const int32_t D = p.head_dim;
   const int32_t maxM = p.max_rows;
   const int32_t nq = c.q1 - c.q0;
+  const int32_t GH = G * c.heads;
   const int32_t q_begin = p.query_start_loc[c.seq];
   float* row = scratch;
   for (int32_t qi = 0; qi < nq; ++qi) {
-    for (int32_t g = 0; g < G; ++g) {
-      const int32_t r = qi * G + g;
+    for (int32_t g = 0; g < GH; ++g) {
+      const int32_t r = qi * GH + g;
       float mmax = kNegInf;
       for (int32_t j = 0; j < c.num_partials; ++j) {
         const float* part = p.partials + static_cast<int64_t>(c.first_partial + j) * p.partial_floats;

@@ -119,6 +119,23 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
   auto& combines = sc.combines;
   items.clear();
   combines.clear();
+  // One-row tiles (decode) take several KV heads per item where the level's decode kernel runs
+  // them (see WorkItem): as many as keep at least one item per thread, within the rows an item holds.
+  int32_t one_row_tiles = 0, other_tiles = 0;
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    const int32_t q_len = query_start_loc[s + 1] - query_start_loc[s];
+    one_row_tiles += q_len > 0 && (q_len - 1) % tile_tokens == 0;  // the last tile has one row
+    other_tiles += (q_len + tile_tokens - 1) / tile_tokens - (q_len > 0 && (q_len - 1) % tile_tokens == 0);
+  }
+  int32_t group_heads = 1;
+  if (cpu::decode_kernel_groups_heads(cpu_isa(), head_dim)) {
+    group_heads = std::max(1, std::min(num_kv_heads, max_rows / group));
+    const auto items_with = [&](int32_t g) {
+      return static_cast<int64_t>(one_row_tiles) * ((num_kv_heads + g - 1) / g) +
+             static_cast<int64_t>(other_tiles) * num_kv_heads;
+    };
+    while (group_heads > 1 && items_with(group_heads) < nt) group_heads = (group_heads + 1) / 2;
+  }
   int64_t total_span = 0;
   for (int32_t s = 0; s < num_seqs; ++s) {
     const int32_t q_len = query_start_loc[s + 1] - query_start_loc[s];
@@ -127,7 +144,9 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
       const int32_t q1 = std::min(q_len, q0 + tile_tokens);
       const int32_t hi = base + q1;  // last row's position + 1
       const int32_t lo = sliding_window > 0 ? std::max(0, base + q0 - sliding_window + 1) : 0;
-      for (int32_t h = 0; h < num_kv_heads; ++h) items.push_back({s, h, q0, q1, lo, hi, -1});
+      const int32_t step = q1 - q0 == 1 ? group_heads : 1;
+      for (int32_t h = 0; h < num_kv_heads; h += step)
+        items.push_back({s, h, q0, q1, lo, hi, -1, std::min(step, num_kv_heads - h)});
       total_span += static_cast<int64_t>(hi - lo) * num_kv_heads;
     }
   }
@@ -137,11 +156,13 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
   // Split-K when there are too few items to keep the threads busy.
   int32_t num_partials = 0;
   if (nt > 1 && num_base < 4 * nt) {
-    int64_t chunk = std::max<int64_t>(kMinSplitTokens, (total_span + 4 * nt - 1) / (4 * nt));
-    chunk = (chunk + tokens_per_block - 1) / tokens_per_block * tokens_per_block;
+    // about 4 pieces per thread of equal work (KV tokens x heads)
+    const int64_t piece_work = (total_span + 4 * nt - 1) / (4 * nt);
     std::vector<WorkItem> split;
     split.reserve(items.size() * 4);
     for (const WorkItem& it : items) {
+      int64_t chunk = std::max<int64_t>(kMinSplitTokens, (piece_work + it.heads - 1) / it.heads);
+      chunk = (chunk + tokens_per_block - 1) / tokens_per_block * tokens_per_block;
       const int64_t span = it.kv_hi - it.kv_lo;
       if (span <= chunk + chunk / 2) {
         split.push_back(it);
@@ -160,7 +181,7 @@ void paged_attention(void* out, int64_t out_row_stride, const void* query, int64
         split.push_back(piece);
         start = static_cast<int32_t>(end);
       }
-      combines.push_back({it.seq, it.kv_head, it.q0, it.q1, first, num_partials - first});
+      combines.push_back({it.seq, it.kv_head, it.q0, it.q1, first, num_partials - first, it.heads});
     }
     items.swap(split);
   }
