@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import mmap
+
 import pytest
 import torch
 
@@ -123,6 +125,31 @@ def test_the_engine_computes_from_the_arena(checkpoint_factory, dtype):
     if dtype == "bfloat16":  # the views of the file that the arena replaces
         assert str(model_dir) in Path("/proc/self/maps").read_text()
     assert _greedy(plain) == expected
+
+
+def test_zeros_are_aligned_zero_views_that_take_their_share():
+    arena = WeightArena.reserve(3 * 4096)
+    a = arena.zeros((3, 5), torch.float16)
+    b = arena.zeros((7,), torch.float32)
+    assert a.shape == (3, 5) and a.dtype == torch.float16 and b.dtype == torch.float32
+    assert a.data_ptr() == arena.buffer.data_ptr() and b.data_ptr() == a.data_ptr() + 4096
+    assert not a.any() and not b.any() and arena.used == 2 * 4096
+    with pytest.raises(ValueError, match=f"{HUGE_PAGE_BYTES} bytes do not fit \\({HUGE_PAGE_BYTES - 8192} of"):
+        arena.zeros((HUGE_PAGE_BYTES,), torch.uint8)  # (the region is whole huge pages: 2 MiB here)
+
+
+def test_the_kv_pool_lies_in_a_huge_page_region(llama_dir):
+    """A CPU engine's KV pool (every layer's K and V blocks) is one region advised for huge pages,
+    as the weights: decode attention streams the sequence's cached rows each step."""
+    engine = Engine(llama_dir, max_seq_len=128)
+    runner = engine._runner
+    pool = runner.kv_pool
+    assert pool.data_ptr() % HUGE_PAGE_BYTES == 0
+    flags = _vm_flags(pool.data_ptr())
+    assert "hg" in flags or not hasattr(mmap, "MADV_HUGEPAGE"), flags
+    lo, hi = pool.data_ptr(), pool.data_ptr() + pool.nbytes
+    assert all(lo <= t.data_ptr() and t.data_ptr() + t.nbytes <= hi for kv in runner.kv_caches for t in kv)
+    assert _vm_flags(hi - 1) == flags  # one mapping
 
 
 def test_a_tied_head_is_moved_once(checkpoint_factory):

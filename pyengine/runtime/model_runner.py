@@ -14,6 +14,7 @@ scratch row past the last slot, store no KV (slot -1) and attend to one cached p
 from __future__ import annotations
 
 import bisect
+import math
 import contextlib
 import logging
 import weakref
@@ -25,6 +26,7 @@ from pyengine.core._core import CoreBatchManager
 from pyengine.layers._attention_cuda import split_k_rows, workspace_bytes
 from pyengine.layers.fused_decode import CpuDecodeLayers
 from pyengine.models import AttentionMetadata, LlamaFamilyModel
+from pyengine.runtime.weight_arena import WeightArena
 
 logger = logging.getLogger("pyengine")
 
@@ -46,7 +48,12 @@ def allocate_kv_pool(config, num_blocks: int, tokens_per_block: int, dtype: torc
     """A model's KV pool, one tensor [layers, K/V, blocks, kv heads, tokens per block, head dim]
     (registered in LIVE_KV_POOLS), and its per-layer (K, V) views."""
     shape = (config.num_layers, 2, num_blocks, config.num_kv_heads, tokens_per_block, config.head_dim)
-    pool = (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=device)
+    if torch.device(device).type == "cpu":
+        # in huge pages, as the weights (see weight_arena.py); fresh anonymous memory is zeros
+        region = WeightArena.reserve(math.prod(shape) * torch.empty((), dtype=dtype).element_size())
+        pool = region.zeros(shape, dtype)
+    else:
+        pool = (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=device)
     LIVE_KV_POOLS.add(pool)
     return pool, [(pool[i, 0], pool[i, 1]) for i in range(config.num_layers)]
 
