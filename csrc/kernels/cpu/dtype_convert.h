@@ -60,26 +60,22 @@ static inline float fp16_to_f32(uint16_t h) {
   return bits_f32(sign | mag);
 }
 
-// Round to nearest, ties to even; overflow -> inf; NaN -> quiet NaN.
+// Round to nearest, ties to even; overflow -> inf; NaN -> quiet NaN. Every case is computed and
+// the right one selected, without branches, so that loops over it vectorize (a KV store converts
+// a decode step's fp32 K/V rows to an fp16 cache with it).
 static inline uint16_t f32_to_fp16(float f) {
-  uint32_t u = f32_bits(f);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  u &= 0x7fffffffu;
-  uint32_t out;
-  if (u >= 0x7f800000u) {  // inf or NaN
-    out = 0x7c00u | (u > 0x7f800000u ? (0x0200u | ((u >> 13) & 0x3ffu)) : 0u);
-  } else if (u >= 0x477ff000u) {  // >= 65520: rounds to inf
-    out = 0x7c00u;
-  } else if (u < 0x38800000u) {  // < 2^-14: fp16 subnormal or zero
-    // Adding 0.5 puts the value's fp16-subnormal unit (2^-24) at the fp32 ulp of 0.5, so the
-    // fp32 addition performs the round-to-nearest-even for us.
-    const float r = bits_f32(u) + 0.5f;
-    out = f32_bits(r) - 0x3f000000u;
-  } else {  // normal
-    const uint32_t odd = (u >> 13) & 1u;
-    u += (static_cast<uint32_t>(15 - 127) << 23) + 0x0fffu + odd;
-    out = u >> 13;
-  }
+  const uint32_t all = f32_bits(f);
+  const uint32_t sign = (all >> 16) & 0x8000u;
+  const uint32_t u = all & 0x7fffffffu;
+  // inf, or a NaN made quiet with its top payload bits
+  const uint32_t special = 0x7c00u | (u > 0x7f800000u ? (0x0200u | ((u >> 13) & 0x3ffu)) : 0u);
+  // below 2^-14, an fp16 subnormal or zero: adding 0.5 puts the value's fp16-subnormal unit
+  // (2^-24) at the fp32 ulp of 0.5, so the fp32 addition performs the round-to-nearest-even
+  const uint32_t subnormal = f32_bits(bits_f32(u < 0x38800000u ? u : 0u) + 0.5f) - 0x3f000000u;
+  const uint32_t normal = (u + (static_cast<uint32_t>(15 - 127) << 23) + 0x0fffu + ((u >> 13) & 1u)) >> 13;
+  uint32_t out = u < 0x38800000u ? subnormal : normal;
+  out = u >= 0x477ff000u ? 0x7c00u : out;  // >= 65520 rounds to inf
+  out = u >= 0x7f800000u ? special : out;
   return static_cast<uint16_t>(sign | out);
 }
 
