@@ -28,8 +28,8 @@ def _thp_setting(name: str) -> str | None:
     return text[text.index("[") + 1:text.index("]")]
 
 
-def _vm_flags(address: int) -> list[str]:
-    """The VmFlags of the mapping holding `address` (/proc/self/smaps)."""
+def _smaps_field(address: int, field: str) -> list[str]:
+    """A field of the mapping holding `address` in /proc/self/smaps, split into words."""
     inside = False
     with open("/proc/self/smaps") as f:
         for line in f:
@@ -37,9 +37,14 @@ def _vm_flags(address: int) -> list[str]:
             if "-" in head and not head.endswith(":"):
                 start, end = (int(x, 16) for x in head.split("-"))
                 inside = start <= address < end
-            elif inside and head == "VmFlags:":
+            elif inside and head == field + ":":
                 return line.split()[1:]
     raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping holding `address`."""
+    return _smaps_field(address, "VmFlags")
 
 
 def test_copies_hold_the_values_at_aligned_offsets():
@@ -140,7 +145,8 @@ def test_zeros_are_aligned_zero_views_that_take_their_share():
 
 def test_the_kv_pool_lies_in_a_huge_page_region(llama_dir):
     """A CPU engine's KV pool (every layer's K and V blocks) is one region advised for huge pages,
-    as the weights: decode attention streams the sequence's cached rows each step."""
+    as the weights (decode attention streams the sequence's cached rows each step), resident from
+    start-up (no step stalls on its first write to a page)."""
     engine = Engine(llama_dir, max_seq_len=128)
     runner = engine._runner
     pool = runner.kv_pool
@@ -150,6 +156,8 @@ def test_the_kv_pool_lies_in_a_huge_page_region(llama_dir):
     lo, hi = pool.data_ptr(), pool.data_ptr() + pool.nbytes
     assert all(lo <= t.data_ptr() and t.data_ptr() + t.nbytes <= hi for kv in runner.kv_caches for t in kv)
     assert _vm_flags(hi - 1) == flags  # one mapping
+    rss = _smaps_field(pool.data_ptr(), "Rss")
+    assert rss[1] == "kB" and int(rss[0]) * 1024 >= pool.nbytes, (rss, pool.nbytes)
 
 
 def test_a_tied_head_is_moved_once(checkpoint_factory):

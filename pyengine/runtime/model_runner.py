@@ -49,9 +49,13 @@ def allocate_kv_pool(config, num_blocks: int, tokens_per_block: int, dtype: torc
     (registered in LIVE_KV_POOLS), and its per-layer (K, V) views."""
     shape = (config.num_layers, 2, num_blocks, config.num_kv_heads, tokens_per_block, config.head_dim)
     if torch.device(device).type == "cpu":
-        # in huge pages, as the weights (see weight_arena.py); fresh anonymous memory is zeros
+        # In huge pages, as the weights (see weight_arena.py), and faulted in now: a page first
+        # touched by a step would stall it (a 2 MiB page is zeroed, and may be compacted for,
+        # on its first write: prompts ran at a quarter of their speed when that happened
+        # mid-run). Fresh anonymous memory is zeros; writing one zero per 4 KiB faults it in.
         region = WeightArena.reserve(math.prod(shape) * torch.empty((), dtype=dtype).element_size())
         pool = region.zeros(shape, dtype)
+        pool.view(-1)[:: 4096 // pool.element_size()].zero_()
     else:
         pool = (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=device)
     LIVE_KV_POOLS.add(pool)

@@ -8,8 +8,9 @@ prefetcher stops at every page boundary. Measured on a 2-core Xeon (bench/README
 output projection of a bf16 model (311 MB) streamed at 21.6 GB/s from the file mapping, 28.2
 from a plain copy and 30.0 from a copy in huge pages.
 
-A CPU model's KV pool lives in such a region too (WeightArena.zeros): decode attention streams
-every cached K/V row of the sequence each step, and from 4 KiB pages it ran 11-14% slower.
+A CPU model's KV pool lives in such a region too (WeightArena.zeros), faulted in at start-up:
+decode attention streams every cached K/V row of the sequence each step, and from 4 KiB pages
+it ran 11-14% slower.
 
 So the weights phase copies the weights into one region: an anonymous private mapping whose
 base is 2 MiB aligned, advised MADV_HUGEPAGE before it is touched (transparent huge pages in
