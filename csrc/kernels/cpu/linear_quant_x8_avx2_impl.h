@@ -129,6 +129,13 @@ void group_q8_0x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
   for (int m = 0; m < MB; ++m) out[m] = acc[m];
 }
 
+#if PYENGINE_QUANT_VNNI == 2
+#include "linear_quant_x16_avx512_impl.h"
+constexpr bool kBlockPairsM1 = true;  // M = 1: Q4_K / Q6_K sums of two blocks at once (zmm)
+#else
+constexpr bool kBlockPairsM1 = false;
+#endif
+
 template <int MB>
 void group_q4_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
   const int32_t nb = a.K / kQKK;
@@ -138,11 +145,23 @@ void group_q4_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
+#if PYENGINE_QUANT_VNNI == 2
+  [[maybe_unused]] __m512i pair_sums = _mm512_setzero_si512();  // M = 1: blocks b & ~1 and b | 1
+#endif
   for (int32_t b = 0; b < nb; ++b) {
     const BlockQ4_Kx8& wb = w[b];
     __m256i sumi[MB];
     for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
-    for (int s = 0; s < 8; ++s) {
+#if PYENGINE_QUANT_VNNI == 2
+    if constexpr (MB == 1) {  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
+      if (b % 2 == 0) {
+        const bool two = b + 1 < nb;
+        pair_sums = q4_k_sums2(wb, two ? sizeof(BlockQ4_Kx8) : 0, x[0][b], two ? sizeof(ActQ8_256) : 0);
+      }
+      sumi[0] = b % 2 == 0 ? _mm512_castsi512_si256(pair_sums) : _mm512_extracti64x4_epi64(pair_sums, 1);
+    }
+#endif
+    for (int s = 0; s < (kBlockPairsM1 && MB == 1 ? 0 : 8); ++s) {
       if (MB == 1) prefetch_part(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ4_Kx8), s, 8);
       // the 8 rows' scales of sub-block s, each in both int16 halves of its row's lane
       const __m256i sc = lane_scales_u8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.scales + kRows8 * s)));
@@ -186,11 +205,23 @@ void group_q6_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
   // from a pair of sub-blocks' scales ([row][2] bytes), the first's or second's: one byte per row
   const __m128i pick[2] = {_mm_set_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 14, 12, 10, 8, 6, 4, 2, 0),
                            _mm_set_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 15, 13, 11, 9, 7, 5, 3, 1)};
+#if PYENGINE_QUANT_VNNI == 2
+  [[maybe_unused]] __m512i pair_sums = _mm512_setzero_si512();  // M = 1: blocks b & ~1 and b | 1
+#endif
   for (int32_t b = 0; b < nb; ++b) {
     const BlockQ6_Kx8& wb = w[b];
     __m256i sumi[MB];
     for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
-    for (int s = 0; s < 16; ++s) {
+#if PYENGINE_QUANT_VNNI == 2
+    if constexpr (MB == 1) {  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
+      if (b % 2 == 0) {
+        const bool two = b + 1 < nb;
+        pair_sums = q6_k_sums2(wb, two ? sizeof(BlockQ6_Kx8) : 0, x[0][b], two ? sizeof(ActQ8_256) : 0);
+      }
+      sumi[0] = b % 2 == 0 ? _mm512_castsi512_si256(pair_sums) : _mm512_extracti64x4_epi64(pair_sums, 1);
+    }
+#endif
+    for (int s = 0; s < (kBlockPairsM1 && MB == 1 ? 0 : 16); ++s) {
       if (MB == 1) prefetch_part(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ6_Kx8), s, 16);
       const __m128i pair = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.scales + 16 * (s / 2)));
       const __m256i sc = lane_scales_i8(_mm_shuffle_epi8(pair, pick[s % 2]));
