@@ -194,10 +194,14 @@ def test_linear_matches_fp64_reference_at_every_row_count(fmt, quant_cpu_isa):
 
 
 @pytest.mark.parametrize("fmt", X8)
-def test_interleaved_linear_matches_fp64_reference_at_every_row_count(fmt, quant_cpu_isa):
+@pytest.mark.parametrize("odd_blocks", [False, True])
+def test_interleaved_linear_matches_fp64_reference_at_every_row_count(fmt, odd_blocks, quant_cpu_isa):
     """The interleaved layouts (8 rows side by side), every row count of x up to the tile (4) and
-    past it, 5 groups of rows (one thread's share is not a whole number of tiles)."""
-    n, k = 40, 768
+    past it, 5 groups of rows (one thread's share is not a whole number of tiles). Rows of an
+    even and an odd number of blocks (the one-row path of the avx512 VNNI build sums blocks in
+    pairs: an odd count ends with a block alone)."""
+    block = QUANT_FORMATS[fmt].block_elems
+    n, k = 40, (3 if odd_blocks else 4) * block if block == 256 else (25 if odd_blocks else 24) * block
     plain = QuantizedWeight.quantize(weights(n, k, seed=4), fmt)
     q = plain.interleaved()
     assert q.layouts == [fmt + "x8"]

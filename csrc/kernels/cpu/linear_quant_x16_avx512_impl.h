@@ -1,12 +1,13 @@
-// The AVX512-VNNI build's batch-1 (M = 1) inner loop for the super-block interleaved layouts
-// (Q4_Kx8, Q6_Kx8): the integer sums of two consecutive blocks of a group of 8 weight rows at
-// once, in 512-bit vectors (lanes 0-7 block b, lanes 8-15 block b + 1). Why: at one row of x
-// these kernels are bound by their instruction count (unpacking, per-sub-block scaling): in L2,
-// one thread, a 1024 x 1024 layer ran at 32 (Q4_K) and 29 (Q6_K) GB/s against 40 for Q4_0
-// (now 42 and 33), and from DRAM they fell behind the rate the other formats stream at. Two
-// consecutive blocks keep the weights one forward stream: two groups side by side instead (two
-// streams 8 rows apart) computed faster in L2 but read slower from DRAM, 2-10% below the
-// 8-lane code.
+// The AVX512-VNNI build's batch-1 (M = 1) inner loop for the 4- and 6-bit interleaved layouts
+// (Q4_0x8, Q4_Zx8, Q4_Kx8, Q6_Kx8): the integer sums of two consecutive blocks of a group of 8
+// weight rows at once, in 512-bit vectors (lanes 0-7 block b, lanes 8-15 block b + 1). Why: at
+// one row of x these kernels are bound by their instruction count (unpacking, per-sub-block
+// scaling), in L2 on one thread of a 2-core Xeon (1024 x 1024): Q4_0 33.5 -> 40.3 GB/s, Q4_K
+// 29.0 -> 35.2, Q6_K 25.6 -> 27.9 (the same host in a slower hour gave 40 -> 42.5 for Q4_K);
+// from DRAM, where one thread reads ~15 GB/s, Q4_K and Q6_K kept up with the memory only
+// partly (2-4% less time with this), Q4_0 within the noise. Two consecutive blocks keep the
+// weights one forward stream: two groups side by side instead (two streams 8 rows apart)
+// computed faster in L2 but read slower from DRAM, 2-10% below the 8-lane code.
 //
 // The integer sums are exact and the callers (group_q4_kx8 / group_q6_kx8) scale them into
 // fp32 block by block as before, so the results are the same bits as the 8-lane code's.
@@ -31,6 +32,22 @@ inline __m128i load2x8(const void* p, int64_t gap) {
 // shuffle per product instead of two broadcast loads and an insert (Q4_K in L2: 37 -> 42 GB/s).
 inline __m512i x_index(int j) { return _mm512_set_epi32(8 + j, 8 + j, 8 + j, 8 + j, 8 + j, 8 + j, 8 + j, 8 + j,
                                                          j, j, j, j, j, j, j, j); }
+
+// The integer dot products of the nibbles of two 32-weight blocks of a group (Q4_0x8, Q4_Zx8:
+// qs at q, the next block's bgap bytes on) with their activations (x's next block xgap bytes
+// on; both gaps 0: the same block again): lanes 0-7 the first block's rows, 8-15 the second's,
+// as nibble_dots sums them.
+inline __m512i nibble_sums2(const uint8_t* q, int64_t bgap, const int8_t* xq, int64_t xgap) {
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const __m512i xs = load2x32(reinterpret_cast<const uint8_t*>(xq), xgap);
+  __m512i lo_sum = _mm512_setzero_si512(), hi_sum = _mm512_setzero_si512();
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v = load2x32(q + 32 * c, bgap);
+    lo_sum = _mm512_dpbusd_epi32(lo_sum, _mm512_and_si512(v, low4), _mm512_permutexvar_epi32(x_index(2 * c), xs));
+    hi_sum = _mm512_dpbusd_epi32(hi_sum, _mm512_andnot_si512(low4, v), _mm512_permutexvar_epi32(x_index(2 * c + 1), xs));
+  }
+  return _mm512_add_epi32(lo_sum, _mm512_srai_epi32(hi_sum, 4));
+}
 
 // The integer sums over the 8 sub-blocks of Q4_Kx8 blocks b (lanes 0-7) and b + bgap / sizeof
 // (lanes 8-15; bgap 0: the same block again), scaled by the sub-blocks' scales.

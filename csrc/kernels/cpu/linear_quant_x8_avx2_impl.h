@@ -69,6 +69,13 @@ inline void nibble_dots(const uint8_t* qs, const int8_t* const* xq, __m256i* s) 
 #endif
 }
 
+#if PYENGINE_QUANT_VNNI == 2
+#include "linear_quant_x16_avx512_impl.h"
+constexpr bool kBlockPairsM1 = true;  // M = 1: the integer sums of two blocks at once (zmm)
+#else
+constexpr bool kBlockPairsM1 = false;
+#endif
+
 // Q4_0x8 and Q4_Zx8: unsigned 4-bit levels less an offset, 8 for Q4_0, each row's own zero
 // point z for Q4_Z.
 template <typename B, int MB>
@@ -80,14 +87,28 @@ void group_nibbles_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* o
   for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_32*>(a.xq + (m0 + m) * a.xrow_bytes);
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+#if PYENGINE_QUANT_VNNI == 2
+  [[maybe_unused]] __m512i pair_sums = _mm512_setzero_si512();  // M = 1: blocks b & ~1 and b | 1
+#endif
   for (int32_t b = 0; b < nb; ++b) {
     const B& wb = w[b];
     if (MB == 1) prefetch_lines(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(B));
     __m256i s[MB];
     for (int m = 0; m < MB; ++m) s[m] = _mm256_setzero_si256();
-    const int8_t* xq[MB];
-    for (int m = 0; m < MB; ++m) xq[m] = x[m][b].qs;
-    nibble_dots<MB>(wb.qs, xq, s);
+#if PYENGINE_QUANT_VNNI == 2
+    if constexpr (MB == 1) {  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
+      if (b % 2 == 0) {
+        const bool two = b + 1 < nb;
+        pair_sums = nibble_sums2(wb.qs, two ? sizeof(B) : 0, x[0][b].qs, two ? sizeof(ActQ8_32) : 0);
+      }
+      s[0] = b % 2 == 0 ? _mm512_castsi512_si256(pair_sums) : _mm512_extracti64x4_epi64(pair_sums, 1);
+    }
+#endif
+    if (!(kBlockPairsM1 && MB == 1)) {
+      const int8_t* xq[MB];
+      for (int m = 0; m < MB; ++m) xq[m] = x[m][b].qs;
+      nibble_dots<MB>(wb.qs, xq, s);
+    }
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
     __m256 z;  // Q4_Z: the rows' zero points
     if constexpr (kZeroPoints)
@@ -128,13 +149,6 @@ void group_q8_0x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
   }
   for (int m = 0; m < MB; ++m) out[m] = acc[m];
 }
-
-#if PYENGINE_QUANT_VNNI == 2
-#include "linear_quant_x16_avx512_impl.h"
-constexpr bool kBlockPairsM1 = true;  // M = 1: Q4_K / Q6_K sums of two blocks at once (zmm)
-#else
-constexpr bool kBlockPairsM1 = false;
-#endif
 
 template <int MB>
 void group_q4_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
