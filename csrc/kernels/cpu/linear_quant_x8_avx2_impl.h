@@ -167,13 +167,8 @@ void group_q4_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
     __m256i sumi[MB];
     for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
 #if PYENGINE_QUANT_VNNI == 2
-    if constexpr (MB == 1) {  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
-      if (b % 2 == 0) {
-        const bool two = b + 1 < nb;
-        pair_sums = q4_k_sums2(wb, two ? sizeof(BlockQ4_Kx8) : 0, x[0][b], two ? sizeof(ActQ8_256) : 0);
-      }
-      sumi[0] = b % 2 == 0 ? _mm512_castsi512_si256(pair_sums) : _mm512_extracti64x4_epi64(pair_sums, 1);
-    }
+    if constexpr (MB == 1)  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
+      sumi[0] = block_pair_sums(b, nb, pair_sums, [&](bool two) { return q4_k_sums2(wb, x[0][b], two); });
 #endif
     for (int s = 0; s < (kBlockPairsM1 && MB == 1 ? 0 : 8); ++s) {
       if (MB == 1) prefetch_part(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ4_Kx8), s, 8);
@@ -227,13 +222,8 @@ void group_q6_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
     __m256i sumi[MB];
     for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
 #if PYENGINE_QUANT_VNNI == 2
-    if constexpr (MB == 1) {  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
-      if (b % 2 == 0) {
-        const bool two = b + 1 < nb;
-        pair_sums = q6_k_sums2(wb, two ? sizeof(BlockQ6_Kx8) : 0, x[0][b], two ? sizeof(ActQ8_256) : 0);
-      }
-      sumi[0] = b % 2 == 0 ? _mm512_castsi512_si256(pair_sums) : _mm512_extracti64x4_epi64(pair_sums, 1);
-    }
+    if constexpr (MB == 1)  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
+      sumi[0] = block_pair_sums(b, nb, pair_sums, [&](bool two) { return q6_k_sums2(wb, x[0][b], two); });
 #endif
     for (int s = 0; s < (kBlockPairsM1 && MB == 1 ? 0 : 16); ++s) {
       if (MB == 1) prefetch_part(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ6_Kx8), s, 16);
