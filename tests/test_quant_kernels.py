@@ -201,7 +201,8 @@ def test_interleaved_linear_matches_fp64_reference_at_every_row_count(fmt, odd_b
     even and an odd number of blocks (the one-row path of the avx512 VNNI build sums blocks in
     pairs: an odd count ends with a block alone)."""
     block = QUANT_FORMATS[fmt].block_elems
-    n, k = 40, (3 if odd_blocks else 4) * block if block == 256 else (25 if odd_blocks else 24) * block
+    even, odd = (4, 3) if block == 256 else (24, 25)  # 1024 / 768 or 768 / 800 weights a row
+    n, k = 40, (odd if odd_blocks else even) * block
     plain = QuantizedWeight.quantize(weights(n, k, seed=4), fmt)
     q = plain.interleaved()
     assert q.layouts == [fmt + "x8"]

@@ -9,8 +9,9 @@
 // weights one forward stream: two groups side by side instead (two streams 8 rows apart)
 // computed faster in L2 but read slower from DRAM, 2-10% below the 8-lane code.
 //
-// The integer sums are exact and the callers (group_q4_kx8 / group_q6_kx8) scale them into
-// fp32 block by block as before, so the results are the same bits as the 8-lane code's.
+// The integer sums are exact and the callers (group_nibbles_x8, group_q4_kx8, group_q6_kx8)
+// scale them into fp32 block by block as before, so the results are the same bits as the
+// 8-lane code's.
 //
 // Included inside the anonymous namespace of linear_quant_x8_avx2_impl.h (its helpers in scope),
 // only where PYENGINE_QUANT_VNNI == 2 (the avx512 level's VNNI build).
