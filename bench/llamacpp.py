@@ -27,6 +27,7 @@ quantized by llama-quantize to Q8_0, Q4_0 and Q4_K_M. The tensor types of each s
     python bench/llamacpp.py --dtypes q8_0,q4_0,q4_k
     python bench/llamacpp.py --model qwen3-0.6b-shape --dtypes float32,bfloat16,q8_0,q4_0,q4_k
     python bench/llamacpp.py --dtypes bfloat16 --repeats 5 --json out.json
+    python bench/llamacpp.py --model qwen3-0.6b-shape --dtypes bfloat16,q4_0 --figures tg --tg-prompt 1
 
 The build and the GGUF files are cached (--cache-dir, $PYENGINE_LLAMACPP_CACHE, else
 ~/.cache/pyengine/llamacpp); the first run needs cmake, a C/C++ compiler and PyPI.
@@ -280,8 +281,9 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
 
     pe_dtype, quant = pyengine_dtype(dtype)
     llama = LlamaRunner(lc, gguf, dtype, args.threads, sizes)
-    runs = {k: {"pyengine": [], "llama.cpp": []} for k, _ in FIGURES}
-    cpu = {k: {"pyengine": [], "llama.cpp": []} for k in ("pp", "tg", "batched")}  # (utilization, others)
+    groups = args.figures
+    runs = {k: {"pyengine": [], "llama.cpp": []} for k, _ in figure_keys(groups)}
+    cpu = {k: {"pyengine": [], "llama.cpp": []} for k in groups}  # (utilization, others)
     phase: list[float] = []  # llama-batched-bench's S_TG
 
     def record(key: str, ll: float, pe: float, pe_meter: Meter, unit: str, i: int) -> None:
@@ -308,14 +310,16 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
         pp_prompt = w2_request(prompt_len=sizes.pp, vocab_size=vocab_size).prompt_token_ids
         # W2: the decode rate after the first token
         tg_req = w2_request(prompt_len=sizes.tg_prompt, output_len=sizes.tg, vocab_size=vocab_size)
-        pyengine_run(engine, tg_req)  # warm-up
-        pyengine_prefill_rate(engine, pp_prompt)
-        for i in range(args.repeats):
+        if "tg" in groups:
+            pyengine_run(engine, tg_req)  # warm-up
+        if "pp" in groups:
+            pyengine_prefill_rate(engine, pp_prompt)
+        for i in range(args.repeats if "pp" in groups else 0):
             ll = llama.bench("pp", sizes.pp, 0)
             with Meter(args.threads) as m:
                 pe = pyengine_prefill_rate(engine, pp_prompt)
             record("pp", ll, pe, m, "tok/s", i)
-        for i in range(args.repeats):
+        for i in range(args.repeats if "tg" in groups else 0):
             ll = llama.bench("tg", 0, sizes.tg)
             with Meter(args.threads) as m:
                 pe = pyengine_run(engine, tg_req)[1]
@@ -324,23 +328,25 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
         engine.shutdown()
     del engine
 
-    requests = w1_requests(sizes.npl, (sizes.npp, sizes.npp), (sizes.ntg, sizes.ntg), vocab_size=vocab_size)
-    runner = PyengineRunner(model_dir, pe_dtype, requests, kv_tokens_needed(requests, model_dir), quantization=quant)
-    try:
-        runner.run(WARMUP)
-        for i in range(args.repeats):
-            ll = llama.batched()
-            with Meter(args.threads) as m:
-                pe: RunResult = runner.run(requests)
-            phase.append(ll["generation_phase"])
-            runs["batched_generated"]["llama.cpp"].append(ll["generated"])
-            runs["batched_generated"]["pyengine"].append(pe.generated_tps)
-            record("batched_total", ll["total"], pe.total_tps, m, "total tok/s", i)
-    finally:
-        runner.close()
+    if "batched" in groups:
+        requests = w1_requests(sizes.npl, (sizes.npp, sizes.npp), (sizes.ntg, sizes.ntg), vocab_size=vocab_size)
+        runner = PyengineRunner(model_dir, pe_dtype, requests, kv_tokens_needed(requests, model_dir),
+                                quantization=quant)
+        try:
+            runner.run(WARMUP)
+            for i in range(args.repeats):
+                ll = llama.batched()
+                with Meter(args.threads) as m:
+                    pe: RunResult = runner.run(requests)
+                phase.append(ll["generation_phase"])
+                runs["batched_generated"]["llama.cpp"].append(ll["generated"])
+                runs["batched_generated"]["pyengine"].append(pe.generated_tps)
+                record("batched_total", ll["total"], pe.total_tps, m, "total tok/s", i)
+        finally:
+            runner.close()
 
     figures = {}
-    for key, _ in FIGURES:
+    for key, _ in figure_keys(groups):
         pe, ll = median(runs[key]["pyengine"]), median(runs[key]["llama.cpp"])
         figures[key] = {"pyengine": pe, "llama.cpp": ll, "ratio": pe / ll, "runs": runs[key]}
     rec = llama.records.get("tg", [{}])[0]
@@ -432,11 +438,14 @@ def print_table(dtype: str, res: dict, sizes: Sizes) -> None:
     print(f"\n{dtype} ({what}; ratio = pyengine / llama.cpp, > 1: pyengine faster)")
     print("| figure | pyengine | llama.cpp | ratio |\n|---|---|---|---|")
     for key, label in FIGURES:
+        if key not in res["figures"]:  # not among --figures
+            continue
         f = res["figures"][key]
         print(f"| {label.format(**vars(sizes))} | {f['pyengine']:.1f} | {f['llama.cpp']:.1f} | {f['ratio']:.2f}x |")
-    phase = median(res["llama_cpp_generation_phase_tps"])
-    print(f"(llama-batched-bench's own S_TG, generation phase only: {phase:.1f} tok/s; the table's generated tok/s "
-          "count the generated tokens over the whole run, prompts included, for both)")
+    if res["llama_cpp_generation_phase_tps"]:
+        phase = median(res["llama_cpp_generation_phase_tps"])
+        print(f"(llama-batched-bench's own S_TG, generation phase only: {phase:.1f} tok/s; the table's generated "
+              "tok/s count the generated tokens over the whole run, prompts included, for both)")
     cpu = res["cpu"]
     print("CPU per run, llama.cpp / pyengine (own utilization; cores other processes used): " + "; ".join(
         f"{fig} " + " / ".join(", ".join(f"{u:.0%}" + ("" if o is None else f" {o:.2f}") for u, o in cpu[fig][side])
@@ -445,6 +454,24 @@ def print_table(dtype: str, res: dict, sizes: Sizes) -> None:
     if busy:
         print(f"warning: other processes used > {BUSY_CORES} cores during {busy} run(s): those figures may be "
               "several times off (OpenMP threads wait for each other); rerun on a quiet machine")
+
+
+FIGURE_GROUPS = ("pp", "tg", "batched")  # --figures: which runs to make (batched: both batched rows)
+
+
+def parse_figures(text: str) -> list[str]:
+    out = []
+    for part in text.split(","):
+        name = part.strip().lower()
+        if name not in FIGURE_GROUPS:
+            raise argparse.ArgumentTypeError(f"unknown figure {part!r} (pp, tg, batched)")
+        out.append(name)
+    return [g for g in FIGURE_GROUPS if g in out]  # in the script's order
+
+
+def figure_keys(groups: list[str]) -> list[tuple[str, str]]:
+    """The FIGURES rows of the --figures groups."""
+    return [(key, label) for key, label in FIGURES if key.split("_")[0] in groups]
 
 
 def parse_dtypes(text: str) -> list[str]:
@@ -468,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tg-prompt", type=int, default=None,
                    help="the prompt pyengine's tg decodes after (default 128: W2's; llama-bench's tg starts from "
                         "an empty context, so 1 compares the same contexts)")
+    p.add_argument("--figures", type=parse_figures, default=list(FIGURE_GROUPS),
+                   help="comma-separated: which of pp, tg, batched to run (default all)")
     p.add_argument("--threads", type=int, default=BENCH_THREADS, help="threads for both engines (default 2)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per figure and engine (default 3; --quick 1)")
     p.add_argument("--quick", action="store_true", help="pp/tg 64, 16 sequences of 64+64, 1 repeat")
@@ -522,10 +551,10 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info()
     info["torch_threads"] = args.threads
     flags = llamacpp_build.cpu_flags()
+    described = {"pp": f"pp{sizes.pp}", "tg": f"tg{sizes.tg} (pyengine after a {sizes.tg_prompt}-token prompt)",
+                 "batched": f"batched {sizes.npl} x ({sizes.npp}+{sizes.ntg})"}
     what = "memory and tensor types only" if args.memory_only else (
-        f"pp{sizes.pp}, tg{sizes.tg} (pyengine after a {sizes.tg_prompt}-token prompt), "
-        f"batched {sizes.npl} x ({sizes.npp}+{sizes.ntg}); median of {args.repeats}, "
-        "alternating llama.cpp / pyengine")
+        ", ".join(described[g] for g in args.figures) + f"; median of {args.repeats}, alternating llama.cpp / pyengine")
     print(f"\npyengine vs llama.cpp — {'quick: ' if args.quick else ''}{what}")
     print(f"  machine: {info['cpu']} ({' '.join(flags) or 'flags unknown'}), {info['logical_cpus']} CPUs, "
           f"{args.threads} threads, load {info['loadavg_1m']}, {info['date']}")
@@ -571,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "machine": {**info, "cpu_flags": flags},
             "settings": {"model": args.model, "quick": args.quick, "repeats": args.repeats, "threads": args.threads,
+                         "figures": args.figures,
                          **vars(sizes)},
             "llama_cpp": {"llama_cpp_python": lc.version, "requested": lc.requested_version, "commit": lc.commit,
                           "build": lc.stamp, "conversions": conversions},

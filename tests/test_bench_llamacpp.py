@@ -121,6 +121,15 @@ def test_quantized_dtype_options():
         llamacpp.parse_dtypes("q5_0")
 
 
+def test_figures_option():
+    assert llamacpp.parse_figures("batched,tg") == ["tg", "batched"]  # in the order the script runs them
+    assert llamacpp.parse_figures(" TG ") == ["tg"]
+    with pytest.raises(Exception, match="unknown figure 'tgx'"):
+        llamacpp.parse_figures("pp,tgx")
+    assert [k for k, _ in llamacpp.figure_keys(["tg"])] == ["tg"]
+    assert [k for k, _ in llamacpp.figure_keys(["pp", "batched"])] == ["pp", "batched_total", "batched_generated"]
+
+
 def test_sizes_per_model():
     s = llamacpp.sizes_for("smollm-135m-shape")
     assert (s.pp, s.tg, s.npp, s.ntg, s.npl, s.tg_prompt) == (128, 128, 128, 128, 64, 128)
