@@ -21,6 +21,13 @@ inline __m512i load2x32(const uint8_t* p, int64_t gap) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(load32(p)), load32(p + gap), 1);
 }
 
+// 16 bytes at p and 16 at p + gap, as one 256-bit vector
+inline __m256i load2x16(const void* p, int64_t gap) {
+  const auto* c = static_cast<const char*>(p);
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c))),
+                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + gap)), 1);
+}
+
 // 8 bytes at p and 8 at p + gap, as the low 16 bytes of a vector
 inline __m128i load2x8(const void* p, int64_t gap) {
   const auto* c = static_cast<const char*>(p);
@@ -75,33 +82,34 @@ inline __m512i q4_k_sums2(const BlockQ4_Kx8& wb, const ActQ8_256& xb, bool two) 
   return sumi;
 }
 
-// As q4_k_sums2, Q6_Kx8 (the levels as stored, + 32).
+// As q4_k_sums2, Q6_Kx8 (the levels as stored, + 32). Fewer instructions than the 8-lane code
+// per sub-block: a pair of sub-blocks' scales widened once ([row][2] int8 -> int16, then each
+// int32 lane's low or high half), and each 6-bit level as one bit-select (low nibble from the
+// low-bits byte, the rest from the shifted high-bits byte) and a mask.
 inline __m512i q6_k_sums2(const BlockQ6_Kx8& wb, const ActQ8_256& xb, bool two) {
   const int64_t bgap = two ? sizeof(BlockQ6_Kx8) : 0, xgap = two ? sizeof(ActQ8_256) : 0;
-  const __m512i low4 = _mm512_set1_epi8(0x0f), top2 = _mm512_set1_epi8(0x30);
+  const __m512i low4 = _mm512_set1_epi8(0x0f), low6 = _mm512_set1_epi8(0x3f);
+  // bitwise low4 ? a : b
+  const auto select = [&](__m512i a, __m512i b) { return _mm512_ternarylogic_epi32(low4, a, b, 0xca); };
   __m512i idx[8];
   for (int j = 0; j < 8; ++j) idx[j] = x_index(j);
-  // from a pair of sub-blocks' scales ([row][2] bytes), the first's or second's: one byte per row
-  const __m128i pick[2] = {_mm_set_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 14, 12, 10, 8, 6, 4, 2, 0),
-                           _mm_set_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 15, 13, 11, 9, 7, 5, 3, 1)};
   const auto* base = reinterpret_cast<const uint8_t*>(&wb);
-  __m512i sumi = _mm512_setzero_si512(), xs = _mm512_setzero_si512();
+  __m512i sumi = _mm512_setzero_si512(), xs = _mm512_setzero_si512(), pair_scales = _mm512_setzero_si512();
   for (int s = 0; s < 16; ++s) {
     prefetch_part(base + kPrefetchM1Bytes, static_cast<int32_t>(2 * sizeof(BlockQ6_Kx8)), s, 16);
-    const auto* pair = reinterpret_cast<const char*>(wb.scales + 16 * (s / 2));
-    const __m128i sc8 = _mm_unpacklo_epi64(
-        _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pair)), pick[s % 2]),
-        _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pair + bgap)), pick[s % 2]));
-    const __m512i sc = _mm512_cvtepi8_epi32(sc8);
+    if (s % 2 == 0) {
+      // int32 lane r (0-7 block b, 8-15 the next): row r's scales of sub-blocks s (low half), s + 1 (high)
+      pair_scales = _mm512_cvtepi8_epi16(load2x16(wb.scales + 16 * (s / 2), bgap));
+      // x of sub-blocks s and s + 1 (32 bytes)
+      xs = load2x32(reinterpret_cast<const uint8_t*>(xb.qs + 16 * s), xgap);
+    }
+    const __m512i sc = s % 2 == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(pair_scales, 16), 16)
+                                  : _mm512_srai_epi32(pair_scales, 16);
     const __m512i A = load2x32(wb.q[s], bgap), B = load2x32(wb.q[s] + 32, bgap), H = load2x32(wb.q[s] + 64, bgap);
-    const __m512i v0 = _mm512_or_si512(_mm512_and_si512(A, low4), _mm512_and_si512(_mm512_slli_epi16(H, 4), top2));
-    const __m512i v1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(A, 4), low4),
-                                       _mm512_and_si512(_mm512_slli_epi16(H, 2), top2));
-    const __m512i v2 = _mm512_or_si512(_mm512_and_si512(B, low4), _mm512_and_si512(H, top2));
-    const __m512i v3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(B, 4), low4),
-                                       _mm512_and_si512(_mm512_srli_epi16(H, 2), top2));
-    // x of sub-blocks s & ~1 and s | 1 (32 bytes) once per pair of sub-blocks
-    if (s % 2 == 0) xs = load2x32(reinterpret_cast<const uint8_t*>(xb.qs + 16 * s), xgap);
+    const __m512i v0 = _mm512_and_si512(select(A, _mm512_slli_epi16(H, 4)), low6);
+    const __m512i v1 = _mm512_and_si512(select(_mm512_srli_epi16(A, 4), _mm512_slli_epi16(H, 2)), low6);
+    const __m512i v2 = _mm512_and_si512(select(B, H), low6);
+    const __m512i v3 = _mm512_and_si512(select(_mm512_srli_epi16(B, 4), _mm512_srli_epi16(H, 2)), low6);
     const __m512i* xi = idx + 4 * (s % 2);
     __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v0, _mm512_permutexvar_epi32(xi[0], xs));
     p = _mm512_dpbusd_epi32(p, v1, _mm512_permutexvar_epi32(xi[1], xs));
