@@ -93,7 +93,16 @@ PYENGINE_OMP(parallel num_threads(nt_max))
     PYENGINE_ISA_CALL(quantize_activations, x, ldx, 0, M, K, act, xqp, xrow);
   }
 
-  const QuantLinearArgs a{y, ldy, xqp, xrow, static_cast<const uint8_t*>(weight), wrow, type, bias, M, N, K};
+  QuantLinearArgs a{y, ldy, xqp, xrow, static_cast<const uint8_t*>(weight), wrow, type, bias, M, N, K};
+  // One row of x, avx512 with VNNI, Q4_K or Q6_K interleaved: x spread for the kernels that sum two
+  // blocks at once (QuantLinearArgs::xspread); reused across calls as xq is
+  if (M == 1 && vnni && cpu_isa() == CpuIsa::kAvx512 && (type == QuantType::kQ4_Kx8 || type == QuantType::kQ6_Kx8)) {
+    static thread_local std::vector<uint8_t> spread;
+    spread.resize(static_cast<size_t>(cpu::spread_activation_bytes(K) + 64));
+    auto* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(spread.data()) + 63) & ~uintptr_t{63});
+    cpu::isa_avx512_vnni::spread_activation_pairs(xqp, K, aligned);
+    a.xspread = aligned;
+  }
   int nt = nt_max;
   if (static_cast<int64_t>(N) * wrow * std::max<int64_t>(1, M / 8) < kMinParallelBytes) nt = 1;
   // Many rows of x (prefill): a chunk of them at a time, so that the chunk's activation blocks stay

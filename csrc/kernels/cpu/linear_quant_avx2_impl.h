@@ -406,4 +406,8 @@ void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
   }
 }
 
+#if PYENGINE_QUANT_VNNI == 2
+void spread_activation_pairs(const uint8_t* xq, int32_t K, uint8_t* out) { spread_pairs(xq, K, out); }
+#endif
+
 }  // namespace pyengine::kernels::cpu::PYENGINE_ISA_NS

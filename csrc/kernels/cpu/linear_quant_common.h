@@ -22,7 +22,15 @@ struct QuantLinearArgs {
   QuantType type;
   const float* bias;  // [N] or null
   int32_t M, N, K;
+  // M = 1 in the avx512 VNNI build, Q4_Kx8 / Q6_Kx8: x's 4-byte groups spread for the block-pair
+  // kernels (spread_activation_pairs), else null
+  const uint8_t* xspread = nullptr;
 };
+
+// spread_activation_pairs' output: per pair of 256-value blocks (a lone last block counts as
+// one), 64 bytes for each of a block's 64 groups of 4.
+constexpr int64_t kSpreadPairBytes = kQKK / 4 * 64;
+static inline int64_t spread_activation_bytes(int64_t K) { return (K / kQKK + 1) / 2 * kSpreadPairBytes; }
 
 // Activation blocks used with weights of `type`: 32 (ActQ8_32) or 256 (ActQ8_256) values each.
 static inline int32_t act_block_elems(QuantType type) {
@@ -67,7 +75,14 @@ namespace isa_avx512 { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
 namespace isa_neon { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
 // the x86 levels with VNNI (pyengine/cpu_isa.h: cpu_vnni)
 namespace isa_avx2_vnni { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
-namespace isa_avx512_vnni { PYENGINE_QUANT_LINEAR_ENTRY_POINTS }
+namespace isa_avx512_vnni {
+PYENGINE_QUANT_LINEAR_ENTRY_POINTS
+// One row of x in ActQ8_256 blocks spread for the one-row Q4_K / Q6_K kernels that sum two
+// blocks at once (linear_quant_x16_avx512_impl.h): for each pair of blocks b, b + 1 and each
+// 4-byte group j of a block, 64 bytes -- group j of block b repeated in lanes 0-7, of block b + 1
+// (a lone last block: b again) in lanes 8-15.
+void spread_activation_pairs(const uint8_t* xq, int32_t K, uint8_t* out);
+}
 
 #undef PYENGINE_QUANT_LINEAR_ENTRY_POINTS
 

@@ -71,9 +71,13 @@ inline void nibble_dots(const uint8_t* qs, const int8_t* const* xq, __m256i* s) 
 
 #if PYENGINE_QUANT_VNNI == 2
 #include "linear_quant_x16_avx512_impl.h"
-constexpr bool kBlockPairsM1 = true;  // M = 1: the integer sums of two blocks at once (zmm)
+// M = 1: the integer sums of two blocks at once (zmm); Q4_K and Q6_K where x is spread
+// (QuantLinearArgs::xspread)
+constexpr bool kBlockPairsM1 = true;
+inline bool block_pairs(const QuantLinearArgs& a, int mb) { return mb == 1 && a.xspread != nullptr; }
 #else
 constexpr bool kBlockPairsM1 = false;
+inline bool block_pairs(const QuantLinearArgs&, int) { return false; }
 #endif
 
 // Q4_0x8 and Q4_Zx8: unsigned 4-bit levels less an offset, 8 for Q4_0, each row's own zero
@@ -162,15 +166,18 @@ void group_q4_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
 #if PYENGINE_QUANT_VNNI == 2
   [[maybe_unused]] __m512i pair_sums = _mm512_setzero_si512();  // M = 1: blocks b & ~1 and b | 1
 #endif
+  const bool pairs = block_pairs(a, MB);
   for (int32_t b = 0; b < nb; ++b) {
     const BlockQ4_Kx8& wb = w[b];
     __m256i sumi[MB];
     for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
 #if PYENGINE_QUANT_VNNI == 2
-    if constexpr (MB == 1)  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
-      sumi[0] = block_pair_sums(b, nb, pair_sums, [&](bool two) { return q4_k_sums2(wb, x[0][b], two); });
+    if (pairs)  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
+      sumi[0] = block_pair_sums(b, nb, pair_sums, [&](bool two) {
+        return q4_k_sums2(wb, a.xspread + (b / 2) * kSpreadPairBytes, two);
+      });
 #endif
-    for (int s = 0; s < (kBlockPairsM1 && MB == 1 ? 0 : 8); ++s) {
+    for (int s = 0; s < (pairs ? 0 : 8); ++s) {
       if (MB == 1) prefetch_part(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ4_Kx8), s, 8);
       // the 8 rows' scales of sub-block s, each in both int16 halves of its row's lane
       const __m256i sc = lane_scales_u8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.scales + kRows8 * s)));
@@ -217,15 +224,18 @@ void group_q6_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
 #if PYENGINE_QUANT_VNNI == 2
   [[maybe_unused]] __m512i pair_sums = _mm512_setzero_si512();  // M = 1: blocks b & ~1 and b | 1
 #endif
+  const bool pairs = block_pairs(a, MB);
   for (int32_t b = 0; b < nb; ++b) {
     const BlockQ6_Kx8& wb = w[b];
     __m256i sumi[MB];
     for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
 #if PYENGINE_QUANT_VNNI == 2
-    if constexpr (MB == 1)  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
-      sumi[0] = block_pair_sums(b, nb, pair_sums, [&](bool two) { return q6_k_sums2(wb, x[0][b], two); });
+    if (pairs)  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
+      sumi[0] = block_pair_sums(b, nb, pair_sums, [&](bool two) {
+        return q6_k_sums2(wb, a.xspread + (b / 2) * kSpreadPairBytes, two);
+      });
 #endif
-    for (int s = 0; s < (kBlockPairsM1 && MB == 1 ? 0 : 16); ++s) {
+    for (int s = 0; s < (pairs ? 0 : 16); ++s) {
       if (MB == 1) prefetch_part(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ6_Kx8), s, 16);
       const __m128i pair = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.scales + 16 * (s / 2)));
       const __m256i sc = lane_scales_i8(_mm_shuffle_epi8(pair, pick[s % 2]));
