@@ -160,6 +160,17 @@ def run(engine: Engine, fail_at: int, make_fault) -> dict[int, object]:
     return {i: (finals[rid].token_ids, finals[rid].logprobs, finals[rid].prompt_logprobs) for i, rid in enumerate(ids)}
 
 
+@pytest.fixture(autouse=True)
+def python_sigint_handler():
+    """The Ctrl-Cs here stand for an application with Python's SIGINT handler (KeyboardInterrupt).
+    A process started with SIGINT ignored -- a background job of a non-interactive shell -- inherits
+    SIG_IGN, which the engine leaves alone and under which a Ctrl-C does nothing: the tests install
+    the handler rather than depend on how pytest was started (as soak_ops.run_soak does)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="module")
 def reference(llama_dir):
     eng = make_engine(llama_dir, overlap=False)
