@@ -7,8 +7,10 @@
 // against bf16's: what a format's fewer bytes buy at batch 1 (equal rates give bf16's bytes over
 // the format's: Q8_0 1.88x, Q4_0 3.56x, Q4_K 3.56x, Q6_K 2.46x). Weights lie in 2 MiB pages, as
 // the engine places them, and three copies are cycled so that every step reads from DRAM.
+// `head`: the output projection instead (151,936 x 1024, the tied embedding table; its rows
+// tile one block of 8,192 random rows), the one large matrix of a step.
 //
-//   decode_formats [threads] [steps per format]
+//   decode_formats [threads] [steps per format] [head]
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -30,8 +32,14 @@ namespace pk = pyengine::kernels;
 struct Shape {
   int32_t n, k;
 };
-const Shape kLayer[] = {{4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}};
-constexpr int kLayers = 28;
+// What a step reads: `layers` times the `shapes`.
+struct Part {
+  std::vector<Shape> shapes;
+  int layers;
+};
+const Part kLayers{{{4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}}, 28};
+const Part kHead{{{151936, 1024}}, 1};
+constexpr int32_t kTileRows = 8192;  // rows made (random) at a time; larger matrices repeat them
 constexpr int kCopies = 3;
 constexpr size_t kHugePage = size_t{2} << 20;
 
@@ -52,14 +60,14 @@ double now() {
 
 int64_t row_bytes(const Format& f, int32_t k) { return f.bf16 ? int64_t{2} * k : pk::quant_row_bytes(f.type, k); }
 
-// kCopies copies of the 28 layers' weights in one huge-page region: one layer's four matrices
-// made once (random values, quantized and interleaved as the engine's loader does), copied.
+// kCopies copies of a step's weights in one huge-page region: one layer's matrices made once
+// (random values, quantized and interleaved as the engine's loader does), copied.
 struct Weights {
   uint8_t* base = nullptr;
   int64_t layer_bytes = 0, step_bytes = 0;
-  explicit Weights(const Format& f) {
-    for (const Shape& s : kLayer) layer_bytes += s.n * row_bytes(f, s.k);
-    step_bytes = layer_bytes * kLayers;
+  Weights(const Format& f, const Part& part) {
+    for (const Shape& s : part.shapes) layer_bytes += s.n * row_bytes(f, s.k);
+    step_bytes = layer_bytes * part.layers;
     const size_t total = static_cast<size_t>(step_bytes) * kCopies;
     void* p = mmap(nullptr, total + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) std::abort();
@@ -68,8 +76,10 @@ struct Weights {
     std::mt19937 rng(7);
     std::normal_distribution<float> normal(0.0f, 0.02f);
     uint8_t* out = base;
-    for (const Shape& s : kLayer) {
-      std::vector<float> w(static_cast<size_t>(s.n) * s.k);
+    for (const Shape& s : part.shapes) {
+      const int32_t rows = std::min(s.n, kTileRows);
+      const int64_t tile_bytes = rows * row_bytes(f, s.k);
+      std::vector<float> w(static_cast<size_t>(rows) * s.k);
       for (float& v : w) v = normal(rng);
       if (f.bf16) {
         auto* h = reinterpret_cast<uint16_t*>(out);
@@ -79,22 +89,25 @@ struct Weights {
           h[i] = static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
         }
       } else {
-        std::vector<uint8_t> plain(static_cast<size_t>(s.n * row_bytes(f, s.k)));
-        pk::quantize_rows(pk::plain_type(f.type), w.data(), plain.data(), s.n, s.k, 0);
-        pk::interleave_rows(pk::plain_type(f.type), plain.data(), out, s.n, s.k);
+        std::vector<uint8_t> plain(static_cast<size_t>(tile_bytes));
+        pk::quantize_rows(pk::plain_type(f.type), w.data(), plain.data(), rows, s.k, 0);
+        pk::interleave_rows(pk::plain_type(f.type), plain.data(), out, rows, s.k);
       }
-      out += s.n * row_bytes(f, s.k);
+      const int64_t matrix_bytes = s.n * row_bytes(f, s.k);
+      for (int64_t o = tile_bytes; o < matrix_bytes; o += tile_bytes)
+        std::memcpy(out + o, out, static_cast<size_t>(std::min(tile_bytes, matrix_bytes - o)));
+      out += matrix_bytes;
     }
-    for (int64_t i = 1; i < int64_t{kLayers} * kCopies; ++i) std::memcpy(base + i * layer_bytes, base, layer_bytes);
+    for (int64_t i = 1; i < int64_t{part.layers} * kCopies; ++i) std::memcpy(base + i * layer_bytes, base, layer_bytes);
   }
 };
 
-// One step: the 112 linears of copy `copy`, M = 1.
-void step(const Format& f, const Weights& w, int copy, int threads, const std::vector<float>& x,
+// One step: the part's linears of copy `copy`, M = 1.
+void step(const Format& f, const Part& part, const Weights& w, int copy, int threads, const std::vector<float>& x,
           const std::vector<uint16_t>& xb, std::vector<float>& y, std::vector<uint16_t>& yb) {
   const uint8_t* p = w.base + copy * w.step_bytes;
-  for (int l = 0; l < kLayers; ++l)
-    for (const Shape& s : kLayer) {
+  for (int l = 0; l < part.layers; ++l)
+    for (const Shape& s : part.shapes) {
       if (f.bf16)
         pk::linear_bf16(yb.data(), xb.data(), reinterpret_cast<const uint16_t*>(p), nullptr, 1, s.n, s.k, threads);
       else
@@ -109,14 +122,22 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   const int steps = argc > 2 ? std::atoi(argv[2]) : 21;
   if (threads < 1 || steps < 1) {
-    std::fprintf(stderr, "usage: decode_formats [threads >= 1] [steps per format >= 1]\n");
+    std::fprintf(stderr, "usage: decode_formats [threads >= 1] [steps per format >= 1] [head]\n");
     return 2;
   }
+  const bool head = argc > 3 && std::strcmp(argv[3], "head") == 0;
+  if (argc > 3 && !head) {
+    std::fprintf(stderr, "decode_formats: the third argument can only be 'head', got '%s'\n", argv[3]);
+    return 2;
+  }
+  const Part& part = head ? kHead : kLayers;
   constexpr int kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
   std::vector<Weights> weights;
-  for (const Format& f : kFormats) weights.emplace_back(f);
-  std::vector<float> x(4096), y(8192);
-  std::vector<uint16_t> xb(4096), yb(8192);
+  for (const Format& f : kFormats) weights.emplace_back(f, part);
+  int32_t max_n = 0, max_k = 0;
+  for (const Shape& s : part.shapes) max_n = std::max(max_n, s.n), max_k = std::max(max_k, s.k);
+  std::vector<float> x(max_k), y(max_n);
+  std::vector<uint16_t> xb(max_k), yb(max_n);
   for (size_t i = 0; i < x.size(); ++i) {
     x[i] = static_cast<float>(static_cast<int>(i % 17) - 8) * 0.1f;
     uint32_t u;
@@ -125,7 +146,9 @@ int main(int argc, char** argv) {
   }
   const int team[2] = {1, threads};
   const int runs = threads == 1 ? 1 : 2;
-  std::printf("the linears of a W5 decode step (28 x 4, M = 1) from DRAM, median of %d steps a format\n", steps);
+  std::printf("%s from DRAM, median of %d steps a format\n",
+              head ? "the output projection of the W5 model (151936 x 1024, M = 1)"
+                   : "the linears of a W5 decode step (28 x 4, M = 1)", steps);
   std::printf("%7s  %6s  %10s  %9s  %14s\n", "threads", "format", "step", "GB/s", "vs bf16");
   for (int r = 0; r < runs; ++r) {
     const int nt = team[r];
@@ -133,7 +156,7 @@ int main(int argc, char** argv) {
     for (int s = 0; s < steps + 1; ++s)  // round 0: warm-up
       for (int i = 0; i < kNumFormats; ++i) {
         const double t0 = now();
-        step(kFormats[i], weights[i], s % kCopies, nt, x, xb, y, yb);
+        step(kFormats[i], part, weights[i], s % kCopies, nt, x, xb, y, yb);
         if (s > 0) times[i].push_back(now() - t0);
       }
     std::vector<double> median(kNumFormats);
