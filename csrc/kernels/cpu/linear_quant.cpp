@@ -94,6 +94,7 @@ PYENGINE_OMP(parallel num_threads(nt_max))
   }
 
   QuantLinearArgs a{y, ldy, xqp, xrow, static_cast<const uint8_t*>(weight), wrow, type, bias, M, N, K};
+#if PYENGINE_ISA_X86  // (elsewhere the avx512 VNNI namespace holds the portable build, never dispatched to)
   // One row of x, avx512 with VNNI, Q4_K or Q6_K interleaved: x spread for the kernels that sum two
   // blocks at once (QuantLinearArgs::xspread); reused across calls as xq is
   if (M == 1 && vnni && cpu_isa() == CpuIsa::kAvx512 && (type == QuantType::kQ4_Kx8 || type == QuantType::kQ6_Kx8)) {
@@ -103,6 +104,7 @@ PYENGINE_OMP(parallel num_threads(nt_max))
     cpu::isa_avx512_vnni::spread_activation_pairs(xqp, K, aligned);
     a.xspread = aligned;
   }
+#endif
   int nt = nt_max;
   if (static_cast<int64_t>(N) * wrow * std::max<int64_t>(1, M / 8) < kMinParallelBytes) nt = 1;
   // Many rows of x (prefill): a chunk of them at a time, so that the chunk's activation blocks stay
