@@ -313,17 +313,18 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
         if "tg" in groups:
             pyengine_run(engine, tg_req)  # warm-up
         if "pp" in groups:
-            pyengine_prefill_rate(engine, pp_prompt)
-        for i in range(args.repeats if "pp" in groups else 0):
-            ll = llama.bench("pp", sizes.pp, 0)
-            with Meter(args.threads) as m:
-                pe = pyengine_prefill_rate(engine, pp_prompt)
-            record("pp", ll, pe, m, "tok/s", i)
-        for i in range(args.repeats if "tg" in groups else 0):
-            ll = llama.bench("tg", 0, sizes.tg)
-            with Meter(args.threads) as m:
-                pe = pyengine_run(engine, tg_req)[1]
-            record("tg", ll, pe, m, "tok/s", i)
+            pyengine_prefill_rate(engine, pp_prompt)  # warm-up
+            for i in range(args.repeats):
+                ll = llama.bench("pp", sizes.pp, 0)
+                with Meter(args.threads) as m:
+                    pe = pyengine_prefill_rate(engine, pp_prompt)
+                record("pp", ll, pe, m, "tok/s", i)
+        if "tg" in groups:
+            for i in range(args.repeats):
+                ll = llama.bench("tg", 0, sizes.tg)
+                with Meter(args.threads) as m:
+                    pe = pyengine_run(engine, tg_req)[1]
+                record("tg", ll, pe, m, "tok/s", i)
     finally:
         engine.shutdown()
     del engine
