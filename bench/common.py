@@ -89,6 +89,48 @@ def set_threads(n: int = BENCH_THREADS) -> None:
         pass
 
 
+#: The settings that make the whole process -- pyengine's kernels and torch's (ATen's own
+#: kernels, oneDNN, MKL) -- use no more than a lower CPU level's instructions, so that a CPU
+#: with more (AVX-512, AVX512-BF16, AMX) measures pyengine *and* transformers as a CPU of that
+#: level would run them. `PYENGINE_CPU_ISA` alone lowers pyengine's kernels only: transformers'
+#: bf16 matmuls would still run on AMX. "avx2" is AVX2 + FMA + F16C (an AMD EPYC before Zen 4):
+#: pyengine also leaves out AVX-VNNI and takes the paths it takes where bf16 matrix work is not
+#: native (PYENGINE_BF16_MATMUL=fp32), as it does on such a CPU.
+EMULATED_CPU_LEVELS: dict[str, dict[str, str]] = {
+    "avx2": {
+        "PYENGINE_CPU_ISA": "avx2",
+        "PYENGINE_CPU_VNNI": "0",
+        "PYENGINE_BF16_MATMUL": "fp32",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    },
+}
+_EMULATING = "PYENGINE_BENCH_EMULATED_CPU"
+
+
+def emulate_cpu_level(level: str | None) -> None:
+    """Runs this benchmark again, in place of this process, with EMULATED_CPU_LEVELS[level]'s
+    settings in its environment (torch reads them when it first uses each library, so they
+    cannot be applied to a process that is already running). Returns at once when ``level`` is
+    None or the process already runs that way; ValueError for an unknown level."""
+    if level is None:
+        return
+    if level not in EMULATED_CPU_LEVELS:
+        raise ValueError(f"unknown CPU level {level!r}; one of {', '.join(EMULATED_CPU_LEVELS)}")
+    settings = {**EMULATED_CPU_LEVELS[level], _EMULATING: level}
+    if all(os.environ.get(k) == v for k, v in settings.items()):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **settings})
+
+
+def emulated_cpu_level() -> str | None:
+    """The level emulate_cpu_level() set up for this process, if any."""
+    return os.environ.get(_EMULATING)
+
+
 def quiet_transformers() -> None:
     """No progress bars or advisory warnings from transformers in benchmark output."""
     import warnings
@@ -126,6 +168,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "loadavg_1m": round(load, 2),
+        "emulated_cpu_level": emulated_cpu_level(),
     }
 
 

@@ -9,6 +9,7 @@ machine it drifts by tens of percent within minutes); the bound shown is their m
 
     python bench/latency.py --dtype float32
     python bench/latency.py --quick               # one timed run
+    python bench/latency.py --emulate-cpu avx2    # both sides as on an AVX2-only CPU
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
-from bench.common import (BENCH_THREADS, DTYPES, dram_read_bandwidth, hf_load, machine_info, median,  # noqa: E402
-                          param_bytes, quiet_transformers, set_threads, smollm_checkpoint, w2_request)
+from bench.common import (BENCH_THREADS, DTYPES, EMULATED_CPU_LEVELS, dram_read_bandwidth,  # noqa: E402
+                          emulate_cpu_level, hf_load, machine_info, median, param_bytes, quiet_transformers,
+                          set_threads, smollm_checkpoint, w2_request)
 
 
 def pyengine_run(engine, req) -> tuple[float, float]:
@@ -63,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one timed run (after the warm-up) instead of --runs")
+    p.add_argument("--emulate-cpu", choices=list(EMULATED_CPU_LEVELS), default=None,
+                   help="run pyengine and transformers with no more than this level's instructions "
+                        "(bench/common.py EMULATED_CPU_LEVELS; the script restarts itself with them)")
     args = p.parse_args(argv)
+    emulate_cpu_level(args.emulate_cpu)
     if args.quick:
         args.runs = 1
     set_threads(BENCH_THREADS)
@@ -92,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     bound = median(bounds)
     bandwidth = bound * weights
     pe_share = median([x[1] / b for x, b in zip(pe, bounds)])
-    print(f"W2 single stream — {args.dtype}, {machine_info()['cpu']}; DRAM read {bandwidth / 1e9:.1f} GB/s "
+    info = machine_info()
+    cpu = info["cpu"] + (f" as an {info['emulated_cpu_level']} CPU" if info["emulated_cpu_level"] else "")
+    print(f"W2 single stream — {args.dtype}, {cpu}; DRAM read {bandwidth / 1e9:.1f} GB/s "
           f"(median; per run {', '.join(f'{b * weights / 1e9:.1f}' for b in bounds)}), weights {weights / 1e6:.0f} MB "
           f"-> bound {bound:.1f} tok/s")
     print("| | TTFT (ms) | decode tok/s | decode vs bandwidth bound |\n|---|---|---|---|")

@@ -11,6 +11,7 @@ reference's.
     python bench/throughput.py --quick             # small workload, < 2 minutes
     python bench/throughput.py --dtype float32 --runs 5
     python bench/throughput.py --reference-only    # HF side alone (no compiled engine)
+    python bench/throughput.py --emulate-cpu avx2  # both sides as on an AVX2-only CPU
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ if __package__ in (None, ""):  # run as a script: make `bench.common` importable
 from bench.common import (  # noqa: E402
     BENCH_THREADS,
     DTYPES,
+    EMULATED_CPU_LEVELS,
     Request,
     RunResult,
     Workload,
     compare_outputs,
+    emulate_cpu_level,
     hf_generate_static,
     hf_load,
     machine_info,
@@ -212,9 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-tokens", type=int, default=None, help="pyengine KV cache max_tokens")
     p.add_argument("--checkpoint-root", type=Path, default=None, help="checkpoint cache dir")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--emulate-cpu", choices=list(EMULATED_CPU_LEVELS), default=None,
+                   help="run pyengine and transformers with no more than this level's instructions "
+                        "(bench/common.py EMULATED_CPU_LEVELS; the script restarts itself with them)")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error(f"--runs must be >= 1, got {args.runs}")
+    emulate_cpu_level(args.emulate_cpu)
 
     set_threads(BENCH_THREADS)
     quiet_transformers()
@@ -239,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         f"  machine: {info['cpu']}, {info['logical_cpus']} CPUs, torch threads "
         f"{info['torch_threads']}, load {info['loadavg_1m']}, {info['date']}"
     )
+    level = info["emulated_cpu_level"]
+    if level:
+        print(f"  as an {level} CPU: " + " ".join(f"{k}={v}" for k, v in EMULATED_CPU_LEVELS[level].items()))
     print(f"  torch {info['torch']}, transformers {info['transformers']}")
     print(f"  model: smollm-135m-shape at {model_dir} (ready in {time.perf_counter() - t0:.1f} s)")
     print(
