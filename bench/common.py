@@ -126,6 +126,14 @@ def emulate_cpu_level(level: str | None) -> None:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **settings})
 
 
+def add_emulate_cpu_option(parser) -> None:
+    """``--emulate-cpu LEVEL`` (default None) on an argparse parser; the script passes the
+    parsed value to emulate_cpu_level() before it starts any work."""
+    parser.add_argument("--emulate-cpu", choices=list(EMULATED_CPU_LEVELS), default=None,
+                        help="run pyengine and transformers with no more than this level's instructions "
+                             "(bench/common.py EMULATED_CPU_LEVELS; the script restarts itself with them)")
+
+
 def emulated_cpu_level() -> str | None:
     """The level emulate_cpu_level() set up for this process, if any."""
     return os.environ.get(_EMULATING)

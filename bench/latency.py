@@ -24,7 +24,7 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
-from bench.common import (BENCH_THREADS, DTYPES, EMULATED_CPU_LEVELS, dram_read_bandwidth,  # noqa: E402
+from bench.common import (BENCH_THREADS, DTYPES, add_emulate_cpu_option, dram_read_bandwidth,  # noqa: E402
                           emulate_cpu_level, hf_load, machine_info, median, param_bytes, quiet_transformers,
                           set_threads, smollm_checkpoint, w2_request)
 
@@ -65,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one timed run (after the warm-up) instead of --runs")
-    p.add_argument("--emulate-cpu", choices=list(EMULATED_CPU_LEVELS), default=None,
-                   help="run pyengine and transformers with no more than this level's instructions "
-                        "(bench/common.py EMULATED_CPU_LEVELS; the script restarts itself with them)")
+    add_emulate_cpu_option(p)
     args = p.parse_args(argv)
     emulate_cpu_level(args.emulate_cpu)
     if args.quick:

@@ -33,6 +33,7 @@ from bench.common import (  # noqa: E402
     Request,
     RunResult,
     Workload,
+    add_emulate_cpu_option,
     compare_outputs,
     emulate_cpu_level,
     hf_generate_static,
@@ -215,9 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-tokens", type=int, default=None, help="pyengine KV cache max_tokens")
     p.add_argument("--checkpoint-root", type=Path, default=None, help="checkpoint cache dir")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
-    p.add_argument("--emulate-cpu", choices=list(EMULATED_CPU_LEVELS), default=None,
-                   help="run pyengine and transformers with no more than this level's instructions "
-                        "(bench/common.py EMULATED_CPU_LEVELS; the script restarts itself with them)")
+    add_emulate_cpu_option(p)
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error(f"--runs must be >= 1, got {args.runs}")

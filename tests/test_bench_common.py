@@ -72,3 +72,15 @@ def test_a_setting_overridden_by_hand_is_restored(monkeypatch):
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
     common.emulate_cpu_level("avx2")
     assert len(calls) == 1 and calls[0]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+
+
+def test_the_option_takes_the_known_levels_only(capsys):
+    import argparse
+
+    p = argparse.ArgumentParser(prog="bench")
+    common.add_emulate_cpu_option(p)
+    assert p.parse_args([]).emulate_cpu is None
+    assert p.parse_args(["--emulate-cpu", "avx2"]).emulate_cpu == "avx2"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--emulate-cpu", "avx9"])
+    assert "invalid choice: 'avx9' (choose from 'avx2')" in capsys.readouterr().err
