@@ -130,7 +130,7 @@ def add_emulate_cpu_option(parser) -> None:
     """``--emulate-cpu LEVEL`` (default None) on an argparse parser; the script passes the
     parsed value to emulate_cpu_level() before it starts any work."""
     parser.add_argument("--emulate-cpu", choices=list(EMULATED_CPU_LEVELS), default=None,
-                        help="run pyengine and transformers with no more than this level's instructions "
+                        help="run both engines compared with no more than this level's instructions "
                              "(bench/common.py EMULATED_CPU_LEVELS; the script restarts itself with them)")
 
 

@@ -28,6 +28,7 @@ quantized by llama-quantize to Q8_0, Q4_0 and Q4_K_M. The tensor types of each s
     python bench/llamacpp.py --model qwen3-0.6b-shape --dtypes float32,bfloat16,q8_0,q4_0,q4_k
     python bench/llamacpp.py --dtypes bfloat16 --repeats 5 --json out.json
     python bench/llamacpp.py --model qwen3-0.6b-shape --dtypes bfloat16,q4_0 --figures tg --tg-prompt 1
+    python bench/llamacpp.py --emulate-cpu avx2   # both as on an AVX2-only CPU (llama.cpp built for it)
 
 The build and the GGUF files are cached (--cache-dir, $PYENGINE_LLAMACPP_CACHE, else
 ~/.cache/pyengine/llamacpp); the first run needs cmake, a C/C++ compiler and PyPI.
@@ -49,8 +50,9 @@ if __package__ in (None, ""):  # run as a script: make `bench.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import llamacpp_build  # noqa: E402
-from bench.common import (BENCH_MODELS, BENCH_THREADS, RunResult, bench_checkpoint, machine_info,  # noqa: E402
-                          median, quiet_transformers, set_threads, w1_requests, w2_request)
+from bench.common import (BENCH_MODELS, BENCH_THREADS, RunResult, add_emulate_cpu_option,  # noqa: E402
+                          bench_checkpoint, emulate_cpu_level, emulated_cpu_level, machine_info, median,
+                          quiet_transformers, set_threads, w1_requests, w2_request)
 
 # The dtypes and quantized formats compared: the GGUF file llama.cpp runs for each ...
 GGUF_TYPE = {"float32": "f32", "bfloat16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m"}
@@ -513,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="use the cached build as it is, without checking its stamp; fail if there is none")
     p.add_argument("--checkpoint-root", type=Path, default=None, help="checkpoint cache dir")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    add_emulate_cpu_option(p)  # llama.cpp: a build of its own for the level (llamacpp_build.LEVEL_ISA_ARGS)
     args = p.parse_args(argv)
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
@@ -525,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_memory and args.memory_only:
         p.error("--no-memory and --memory-only exclude each other")
     sizes = sizes_for(args.model, args.quick, args.pp, args.tg_prompt)
+    emulate_cpu_level(args.emulate_cpu)
+    level = emulated_cpu_level()
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -539,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"model {args.model}: {model_dir} (ready in {time.perf_counter() - t0:.0f} s)")
     vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     try:
-        lc = llamacpp_build.build(root, args.version, args.build_jobs, log, trust_cache=args.skip_build_check)
+        lc = llamacpp_build.build(root, args.version, args.build_jobs, log, trust_cache=args.skip_build_check,
+                                  level=level)
         if lc.version != lc.requested_version:
             log(f"note: llama-cpp-python {lc.requested_version} was not available; using {lc.version}")
         ggufs = llamacpp_build.gguf_files(lc, model_dir, args.model, [GGUF_TYPE[d] for d in args.dtypes], log,
@@ -557,10 +563,12 @@ def main(argv: list[str] | None = None) -> int:
     what = "memory and tensor types only" if args.memory_only else (
         ", ".join(described[g] for g in args.figures) + f"; median of {args.repeats}, alternating llama.cpp / pyengine")
     print(f"\npyengine vs llama.cpp — {'quick: ' if args.quick else ''}{what}")
-    print(f"  machine: {info['cpu']} ({' '.join(flags) or 'flags unknown'}), {info['logical_cpus']} CPUs, "
+    as_level = f" as an {level} CPU (both engines held to it)" if level else ""
+    print(f"  machine: {info['cpu']} ({' '.join(flags) or 'flags unknown'}){as_level}, {info['logical_cpus']} CPUs, "
           f"{args.threads} threads, load {info['loadavg_1m']}, {info['date']}")
     print(f"  torch {info['torch']}, transformers {info['transformers']}, python {info['python']}")
-    print(f"  llama.cpp {lc.commit or 'unknown commit'} (vendored in llama-cpp-python {lc.version}), "
+    print(f"  llama.cpp {lc.commit or 'unknown commit'} (vendored in llama-cpp-python {lc.version}, "
+          f"built for {level or 'this CPU'}), "
           f"{lc.stamp.get('compiler') or 'compiler unknown'}, built in {lc.stamp.get('build_seconds', '?')} s")
     print(f"  model: {args.model} {model_dir}; GGUF " + ", ".join(
         f"{t} {conversions[t]['bytes'] / 1e6:.0f} MB (made in {conversions[t]['seconds']} s)" for t in ggufs))

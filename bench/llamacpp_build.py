@@ -205,8 +205,29 @@ class LlamaCpp:
         return self.build_dir.parent / "gguf"
 
 
-def cmake_args(commit: str | None) -> list[str]:
-    args = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+# ggml's instruction-set options for a build that runs as a CPU of an emulated level would
+# (bench/common.py EMULATED_CPU_LEVELS) instead of GGML_NATIVE's "everything this CPU has": "avx2"
+# is AVX2 + FMA + F16C (+ BMI2), no AVX-VNNI, AVX-512 or AMX -- an AMD EPYC before Zen 4. ggml
+# then also repacks weights as it does there (its AVX2 interleaved layouts, not AMX's).
+LEVEL_ISA_ARGS: dict[str, list[str]] = {
+    "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
+             "-DGGML_F16C=ON", "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF",
+             "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF",
+             "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"],
+}
+
+
+def build_dir_name(level: str | None) -> str:
+    """The build folder under the version's: "build" for this CPU, "build-LEVEL" for a level."""
+    return "build" if level is None else f"build-{level}"
+
+
+def cmake_args(commit: str | None, level: str | None = None) -> list[str]:
+    """The CMake configuration: for this CPU (GGML_NATIVE), or for ``level`` (LEVEL_ISA_ARGS)."""
+    if level is not None and level not in LEVEL_ISA_ARGS:
+        raise ValueError(f"unknown CPU level {level!r} for the llama.cpp build; one of {', '.join(LEVEL_ISA_ARGS)}")
+    isa = ["-DGGML_NATIVE=ON"] if level is None else LEVEL_ISA_ARGS[level]
+    args = ["-DCMAKE_BUILD_TYPE=Release", *isa, "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
             "-DBUILD_SHARED_LIBS=OFF", "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF",
             "-DGGML_HIP=OFF", "-DGGML_SYCL=OFF", "-DGGML_OPENCL=OFF", "-DGGML_RPC=OFF",
             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
@@ -249,13 +270,14 @@ def _read_json(path: Path) -> dict | None:
 
 
 def build(root: Path, version: str = DEFAULT_VERSION, jobs: int = 2, log: Log = print,
-          trust_cache: bool = False) -> LlamaCpp:
+          trust_cache: bool = False, level: str | None = None) -> LlamaCpp:
     """The built llama.cpp tools (``TOOLS``) of llama-cpp-python ``version`` under ``root``:
     reused when the build stamp matches (or, with ``trust_cache``, whenever the tools exist --
     no network); tools missing from a build of the same configuration are added to it; fetched
-    and built from scratch otherwise."""
+    and built from scratch otherwise. ``level``: built for that emulated CPU level instead of
+    this CPU (cmake_args), in a folder of its own; the GGUF files are shared."""
     if trust_cache:
-        build_dir = root / version / "build"
+        build_dir = root / version / build_dir_name(level)
         stamp = _read_json(build_dir / STAMP) or {}
         src = root / version / "src" / f"llama_cpp_python-{version}"
         commit = stamp.get("key", {}).get("llama_cpp_commit")
@@ -268,8 +290,8 @@ def build(root: Path, version: str = DEFAULT_VERSION, jobs: int = 2, log: Log = 
     requested = version
     version, sdist = fetch(root, version, log)
     commit = llama_cpp_commit(sdist, version)
-    tree, build_dir = sdist / "vendor" / "llama.cpp", root / version / "build"
-    args = cmake_args(commit)
+    tree, build_dir = sdist / "vendor" / "llama.cpp", root / version / build_dir_name(level)
+    args = cmake_args(commit, level)
     key = _stamp_key(version, commit, args)
     lc = LlamaCpp(version, requested, commit, tree, build_dir)
     stamp = _read_json(build_dir / STAMP)

@@ -176,6 +176,35 @@ def test_stamp_state():
     assert llamacpp_build.TOOLS == tuple(ALL)
 
 
+def test_cmake_args_for_this_cpu_and_for_an_emulated_level():
+    native = llamacpp_build.cmake_args("0c1e57098")
+    assert "-DGGML_NATIVE=ON" in native and "-DLLAMA_BUILD_COMMIT=0c1e57098" in native
+    avx2 = llamacpp_build.cmake_args("0c1e57098", "avx2")
+    assert "-DGGML_NATIVE=ON" not in avx2 and "-DGGML_NATIVE=OFF" in avx2
+    for on in ("AVX", "AVX2", "FMA", "F16C"):
+        assert f"-DGGML_{on}=ON" in avx2
+    for off in ("AVX_VNNI", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX_INT8", "AMX_BF16"):
+        assert f"-DGGML_{off}=OFF" in avx2
+    # the rest of the configuration is the native build's
+    assert [a for a in avx2 if "GGML_NATIVE" not in a and a not in llamacpp_build.LEVEL_ISA_ARGS["avx2"]] == \
+        [a for a in native if a != "-DGGML_NATIVE=ON"]
+    with pytest.raises(ValueError, match="unknown CPU level 'avx9'.*one of avx2"):
+        llamacpp_build.cmake_args(None, "avx9")
+
+
+def test_every_emulated_level_has_a_llamacpp_build():
+    from bench.common import EMULATED_CPU_LEVELS
+
+    assert set(EMULATED_CPU_LEVELS) <= set(llamacpp_build.LEVEL_ISA_ARGS)
+
+
+def test_a_levels_build_has_its_own_folder(tmp_path):
+    assert llamacpp_build.build_dir_name(None) == "build"
+    assert llamacpp_build.build_dir_name("avx2") == "build-avx2"
+    with pytest.raises(RuntimeError, match=r"no cached build at .*0\.3\.36/build-avx2 "):
+        llamacpp_build.build(tmp_path, "0.3.36", trust_cache=True, level="avx2")
+
+
 def test_gguf_tensor_types(tmp_path):
     gguf = pytest.importorskip("gguf")
     import numpy as np
