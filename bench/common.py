@@ -135,8 +135,13 @@ def add_emulate_cpu_option(parser) -> None:
 
 
 def emulated_cpu_level() -> str | None:
-    """The level emulate_cpu_level() set up for this process, if any."""
-    return os.environ.get(_EMULATING)
+    """The level emulate_cpu_level() set up for this process, if any. ValueError where the
+    variable it sets names no level of EMULATED_CPU_LEVELS (set by hand)."""
+    level = os.environ.get(_EMULATING)
+    if level is not None and level not in EMULATED_CPU_LEVELS:
+        raise ValueError(f"{_EMULATING}={level!r} is not a CPU level; one of {', '.join(EMULATED_CPU_LEVELS)} "
+                         f"(--emulate-cpu sets it)")
+    return level
 
 
 def quiet_transformers() -> None:

@@ -529,7 +529,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--no-memory and --memory-only exclude each other")
     sizes = sizes_for(args.model, args.quick, args.pp, args.tg_prompt)
     emulate_cpu_level(args.emulate_cpu)
-    level = emulated_cpu_level()
+    try:
+        level = emulated_cpu_level()
+    except ValueError as e:
+        p.error(str(e))
 
     def log(msg: str) -> None:
         print(msg, flush=True)

@@ -40,6 +40,12 @@ def test_no_level_runs_as_it_is(no_restart, monkeypatch):
     assert common.emulated_cpu_level() is None
 
 
+def test_an_unknown_level_in_the_environment_is_named(monkeypatch):
+    monkeypatch.setenv("PYENGINE_BENCH_EMULATED_CPU", "avx9")
+    with pytest.raises(ValueError, match=r"^PYENGINE_BENCH_EMULATED_CPU='avx9' is not a CPU level; one of avx2 "):
+        common.emulated_cpu_level()
+
+
 def test_restarts_the_same_command_with_the_settings(monkeypatch):
     calls = []
     monkeypatch.setattr(common.os, "execve", lambda exe, argv, env: calls.append((exe, argv, env)))
