@@ -122,6 +122,25 @@ def test_another_configuration_is_refused(llama_dir, saved, kv, message):
     assert engine.stats() == before
 
 
+def test_a_float_embedding_table_is_refused_where_the_file_had_it_quantized(llama_dir, tmp_path):
+    """quantize_lm_head=False keeps a quantized model's embedding table in float: other hidden
+    states, other K/V than the quantized table's (the layers are quantized alike in both)."""
+    path = tmp_path / "q8.pekv"
+    saver = Engine(llama_dir, dtype="float32", quantization="q8_0", max_seq_len=128,
+                   kv_cache_config=KvCacheConfig(tokens_per_block=TPB, max_tokens=1024))
+    run(saver, [FIRST[0]])
+    saver.save_kv_cache(path)
+    saver.shutdown()
+    engine = Engine(llama_dir, dtype="float32", quantization="q8_0", quantize_lm_head=False, max_seq_len=128,
+                    kv_cache_config=KvCacheConfig(tokens_per_block=TPB, max_tokens=1024))
+    before = engine.stats()
+    with pytest.raises(KvCacheFileError, match=re.escape(
+            "fingerprint mismatch in 'quantize_lm_head': the file has None, this engine has False")):
+        engine.load_kv_cache(path)
+    assert engine.stats() == before
+    engine.shutdown()
+
+
 def test_another_model_is_refused(checkpoint_factory, saved):
     other = checkpoint_factory("llama_gqa_seed1", model_type="llama", num_heads=4, num_kv_heads=2, seed=1)
     engine = make_engine(other)

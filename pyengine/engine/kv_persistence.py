@@ -92,8 +92,15 @@ def fingerprint(config: Any, kv_dtype: torch.dtype, pools: list[torch.Tensor]) -
     return {"model_files": model_identity(config.model), "dtype": str(config.dtype).removeprefix("torch."),
             "kv_dtype": str(kv_dtype).removeprefix("torch."), "tokens_per_block": kc.tokens_per_block,
             "salt_scheme": SALT_SCHEME, "kv_scales": [kc.k_scale, kc.v_scale],
-            "quantization": config.quantization, "exact_fp32": config.exact_fp32,
-            "block_shape": list(_block_shape(pools[0])), "draft": draft}
+            "quantization": config.quantization, "quantize_lm_head": _float_embeddings(config),
+            "exact_fp32": config.exact_fp32, "block_shape": list(_block_shape(pools[0])), "draft": draft}
+
+
+def _float_embeddings(config: Any) -> bool | None:
+    """False where a quantized model keeps its embedding table in float (quantize_lm_head=False):
+    its hidden states, and so its K/V, differ from those of the default's quantized table. None
+    otherwise (no quantization, or the default), as in files written before it was recorded."""
+    return False if config.quantization is not None and not config.quantize_lm_head else None
 
 
 def _block_shape(pool: torch.Tensor) -> tuple[int, ...]:
