@@ -278,6 +278,7 @@ class EngineConfig:
     huge_page_weights: bool = True
     quantization: str | None = None
     quantize_lm_head: bool = True
+    lm_head_quantization: str | None = None
     tokenizer: str | Path | None = None
     generation_config: str | Path = "auto"
     chat_template: str | None = None
@@ -334,6 +335,17 @@ class EngineConfig:
             if on_cpu and self.dtype != torch.float32:
                 raise ValueError(f"quantization={self.quantization!r} computes with float32 activations on the CPU: "
                                  f"dtype must be 'float32', got {self.dtype}")
+        if self.lm_head_quantization is not None:
+            if self.quantization is None:
+                raise ValueError(f"lm_head_quantization={self.lm_head_quantization!r} needs quantization=: it "
+                                 "chooses the output projection's format in a model quantized at load")
+            if not self.quantize_lm_head:
+                raise ValueError(f"lm_head_quantization={self.lm_head_quantization!r} and quantize_lm_head=False "
+                                 "exclude each other")
+            try:
+                self.lm_head_quantization = quant_format(self.lm_head_quantization).name
+            except ValueError as e:
+                raise ValueError(f"lm_head_quantization: {e}") from None
         spec = self.speculative_config
         if (isinstance(spec, SpeculativeConfig) and spec.draft_quantization is not None and on_cpu
                 and self.dtype != torch.float32):

@@ -122,20 +122,24 @@ def test_another_configuration_is_refused(llama_dir, saved, kv, message):
     assert engine.stats() == before
 
 
-def test_a_float_embedding_table_is_refused_where_the_file_had_it_quantized(llama_dir, tmp_path):
-    """quantize_lm_head=False keeps a quantized model's embedding table in float: other hidden
-    states, other K/V than the quantized table's (the layers are quantized alike in both)."""
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(quantize_lm_head=False), "fingerprint mismatch in 'quantize_lm_head': the file has None, this engine has False"),
+    (dict(lm_head_quantization="q4_0"),
+     "fingerprint mismatch in 'lm_head_quantization': the file has None, this engine has 'q4_0'"),
+])
+def test_another_embedding_or_output_format_is_refused(llama_dir, tmp_path, kwargs, message):
+    """quantize_lm_head=False keeps a quantized model's embedding table in float, and a tied
+    model's table is its output projection, whose format lm_head_quantization sets: other hidden
+    states, other K/V than those of the default's table (the layers are quantized alike)."""
     path = tmp_path / "q8.pekv"
-    saver = Engine(llama_dir, dtype="float32", quantization="q8_0", max_seq_len=128,
-                   kv_cache_config=KvCacheConfig(tokens_per_block=TPB, max_tokens=1024))
+    kv = KvCacheConfig(tokens_per_block=TPB, max_tokens=1024)
+    saver = Engine(llama_dir, dtype="float32", quantization="q8_0", max_seq_len=128, kv_cache_config=kv)
     run(saver, [FIRST[0]])
     saver.save_kv_cache(path)
     saver.shutdown()
-    engine = Engine(llama_dir, dtype="float32", quantization="q8_0", quantize_lm_head=False, max_seq_len=128,
-                    kv_cache_config=KvCacheConfig(tokens_per_block=TPB, max_tokens=1024))
+    engine = Engine(llama_dir, dtype="float32", quantization="q8_0", max_seq_len=128, kv_cache_config=kv, **kwargs)
     before = engine.stats()
-    with pytest.raises(KvCacheFileError, match=re.escape(
-            "fingerprint mismatch in 'quantize_lm_head': the file has None, this engine has False")):
+    with pytest.raises(KvCacheFileError, match=re.escape(message)):
         engine.load_kv_cache(path)
     assert engine.stats() == before
     engine.shutdown()

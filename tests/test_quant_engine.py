@@ -65,6 +65,34 @@ def test_quantized_tied_qwen3(qwen3_tied_dir):
     check_greedy_against_reference(engine, qwen3_tied_dir)
 
 
+def test_lm_head_quantization_chooses_the_output_projections_format(llama_q_dir):
+    """In place of llama.cpp's Q6_K (llama-quantize's --output-tensor-type): the output projection
+    only, a separate input table keeps the format asked for; the tokens match transformers' with
+    the same per-tensor formats."""
+    engine = Engine(llama_q_dir, quantization="q4_k", lm_head_quantization="Q4_0", kv_cache_config=FP32_KV)
+    report = engine._parts.quant_plan.report
+    assert report["lm_head.weight"] == "q4_0"
+    assert report["model.embed_tokens.weight"] == "q4_k"
+    assert report["model.layers.1.mlp.down_proj.weight"] == "q4_k"
+    assert engine._runner.model.lm_head.formats == ["q4_0"]
+    check_greedy_against_reference(engine, llama_q_dir)
+
+
+def test_lm_head_quantization_of_a_tied_table(qwen3_tied_dir):
+    engine = Engine(qwen3_tied_dir, quantization="q4_k", lm_head_quantization="q8_0", kv_cache_config=FP32_KV)
+    model = engine._runner.model
+    assert model.lm_head is model.embed and model.embed.formats == ["q8_0"]
+    check_greedy_against_reference(engine, qwen3_tied_dir)
+
+
+def test_lm_head_quantization_falls_back_where_the_rows_do_not_fit(checkpoint_factory):
+    odd = checkpoint_factory("llama_q96", model_type="llama", hidden_size=96, intermediate_size=512,
+                             num_heads=4, num_kv_heads=2, num_layers=2)
+    engine = Engine(odd, quantization="q8_0", lm_head_quantization="q4_k")
+    assert engine._parts.quant_plan.report["lm_head.weight"] == "q5_0 (rows of 96 weights)"
+    engine.shutdown()
+
+
 def test_quantized_models_keep_a_float16_cache_by_default(llama_q_dir):
     """KvCacheConfig(dtype="auto") with quantized weights: K and V in float16 (llama.cpp's
     default), activations in float32; asked for, float32; a float model's stays its dtype.
@@ -141,6 +169,12 @@ def test_no_float_copy_of_quantized_weights(llama_q_dir):
     (dict(quantization="q4_0", dtype="bfloat16"), "config",
      "quantization='q4_0' computes with float32 activations on the CPU: dtype must be 'float32', got torch.bfloat16"),
     (dict(quantization="q4_0", quantize_lm_head="yes"), "config", "quantize_lm_head must be a bool, got 'yes'"),
+    (dict(lm_head_quantization="q4_0"), "config",
+     "lm_head_quantization='q4_0' needs quantization=: it chooses the output projection's format"),
+    (dict(quantization="q4_0", quantize_lm_head=False, lm_head_quantization="q8_0"), "config",
+     "lm_head_quantization='q8_0' and quantize_lm_head=False exclude each other"),
+    (dict(quantization="q4_0", lm_head_quantization="q5_1"), "config",
+     "lm_head_quantization: unsupported quantization format 'q5_1'; supported: q8_0, q5_0, q4_0, q4_k, q6_k, q4_z"),
 ])
 def test_bad_quantization_arguments(llama_q_dir, kwargs, phase, message):
     with pytest.raises(StartupError) as e:

@@ -72,6 +72,10 @@ class Engine:
         its rows do not fit; Q8_0 stays Q8_0). On the CPU activations stay float32 (dtype must
         be float32); on a GPU the weight-only kernels take float32, bfloat16 or float16.
     quantize_lm_head: with `quantization`, False keeps the embedding table and lm_head in float32.
+    lm_head_quantization: with `quantization`, the output projection's format (lm_head, or the
+        embedding table when the model ties them) in place of the default Q6_K: e.g. "q4_0" for a
+        faster step where the vocabulary is large, as llama-quantize's --output-tensor-type
+        (the same fallback where its rows do not fit).
     tokenizer: a directory holding the tokenizer (tokenizer.json / tokenizer_config.json), used
         instead of the model's own; it must exist and hold one. By default the model directory's
         tokenizer (or the GGUF file's); a model without one takes token-id prompts only.
@@ -108,7 +112,8 @@ class Engine:
                  cuda_graph_batch_sizes: Sequence[int] | None = None, exact_fp32: bool = False,
                  pack_bf16_weights: bool | None = None, huge_page_weights: bool = True,
                  quantization: str | None = None,
-                 quantize_lm_head: bool = True, tokenizer: str | Path | None = None,
+                 quantize_lm_head: bool = True, lm_head_quantization: str | None = None,
+                 tokenizer: str | Path | None = None,
                  generation_config: str | Path = "auto", chat_template: str | None = None,
                  speculative_config: SpeculativeConfig | None = None) -> None:
         self._closed = True
@@ -119,7 +124,8 @@ class Engine:
                              cuda_graph_batch_sizes=cuda_graph_batch_sizes, exact_fp32=exact_fp32,
                              pack_bf16_weights=pack_bf16_weights, huge_page_weights=huge_page_weights,
                              quantization=quantization,
-                             quantize_lm_head=quantize_lm_head, tokenizer=tokenizer,
+                             quantize_lm_head=quantize_lm_head, lm_head_quantization=lm_head_quantization,
+                             tokenizer=tokenizer,
                              generation_config=generation_config, chat_template=chat_template,
                              speculative_config=speculative_config)
         self._parts = parts

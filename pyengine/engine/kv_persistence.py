@@ -93,6 +93,9 @@ def fingerprint(config: Any, kv_dtype: torch.dtype, pools: list[torch.Tensor]) -
             "kv_dtype": str(kv_dtype).removeprefix("torch."), "tokens_per_block": kc.tokens_per_block,
             "salt_scheme": SALT_SCHEME, "kv_scales": [kc.k_scale, kc.v_scale],
             "quantization": config.quantization, "quantize_lm_head": _float_embeddings(config),
+            # (where the model ties them, the output projection's format is the embedding table's:
+            # other hidden states; recorded whether tied or not)
+            "lm_head_quantization": config.lm_head_quantization,
             "exact_fp32": config.exact_fp32, "block_shape": list(_block_shape(pools[0])), "draft": draft}
 
 

@@ -189,7 +189,8 @@ def _load_model(parts: EngineParts) -> Any:
     names, optional = cls.weight_names(mc)
     if parts.config.quantization is not None:
         parts.quant_plan = QuantPlan.create(parts.config.quantization, mc.tie_word_embeddings,
-                                            parts.config.quantize_lm_head, mc.num_layers)
+                                            parts.config.quantize_lm_head, mc.num_layers,
+                                            parts.config.lm_head_quantization)
     if parts.gguf_header is not None:
         weights = gguf.load_weights(parts.gguf_header, mc, names, parts.config.dtype, optional)
         parts.gguf_header = None

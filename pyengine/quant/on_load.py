@@ -55,16 +55,21 @@ class QuantPlan:
     # Q4_K_M: some layers' v and down projections in Q6_K (use_more_bits); needs num_layers
     more_bits: bool = False
     num_layers: int = 0
+    # the output projection's format (lm_head, or the embedding table when tied) in place of
+    # llama.cpp's choice; None: that choice (llama-quantize's --output-tensor-type)
+    output_format: str | None = None
     # tensor name -> format name, or the reason it stayed in the model's dtype
     report: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def create(cls, method: str, tied_embeddings: bool, quantize_lm_head: bool = True,
-               num_layers: int = 0) -> "QuantPlan":
-        """`method`: a format name, or "q4_k_m" (llama.cpp's Q4_K_M mixture)."""
+               num_layers: int = 0, output_format: str | None = None) -> "QuantPlan":
+        """`method`: a format name, or "q4_k_m" (llama.cpp's Q4_K_M mixture). `output_format`: a
+        format name for the output projection instead of llama.cpp's choice."""
+        output = None if output_format is None else quant_format(output_format).name
         if method in MIXTURES:
-            return cls(quant_format(MIXTURES[method]), tied_embeddings, quantize_lm_head, True, num_layers)
-        return cls(quant_format(method), tied_embeddings, quantize_lm_head)
+            return cls(quant_format(MIXTURES[method]), tied_embeddings, quantize_lm_head, True, num_layers, output)
+        return cls(quant_format(method), tied_embeddings, quantize_lm_head, output_format=output)
 
     def wanted_format(self, name: str, shape: tuple[int, ...]) -> str | None:
         """The format llama.cpp's rules give tensor `name`, before any fallback for rows that do
@@ -78,6 +83,8 @@ class QuantPlan:
         if is_output or name == _EMBED:
             if not self.quantize_lm_head:
                 return None
+            if is_output and self.output_format is not None:
+                return self.output_format
             return "q6_k" if is_output and self.method.name != "q8_0" else self.method.name
         if name.endswith(_LINEAR_SUFFIXES):
             return self.method.name
@@ -109,7 +116,8 @@ class QuantPlan:
             # a copy: a tensor read from a safetensors file may view its memory map, which would
             # keep the whole file's pages resident next to the quantized weights
             return tensor.clone()
-        fell_back = fmt.name != wanted and name.endswith(_LINEAR_SUFFIXES)
+        # a format asked for (the linear layers', an output format given) that the rows do not fit
+        fell_back = fmt.name != wanted and (name.endswith(_LINEAR_SUFFIXES) or wanted == self.output_format)
         self.report[name] = f"{fmt.name} (rows of {shape[1]} weights)" if fell_back else fmt.name
         return QuantizedWeight.quantize(tensor, fmt)
 
