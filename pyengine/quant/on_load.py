@@ -68,7 +68,8 @@ class QuantPlan:
         format name for the output projection instead of llama.cpp's choice."""
         output = None if output_format is None else quant_format(output_format).name
         if method in MIXTURES:
-            return cls(quant_format(MIXTURES[method]), tied_embeddings, quantize_lm_head, True, num_layers, output)
+            return cls(quant_format(MIXTURES[method]), tied_embeddings, quantize_lm_head, True, num_layers,
+                       output_format=output)
         return cls(quant_format(method), tied_embeddings, quantize_lm_head, output_format=output)
 
     def wanted_format(self, name: str, shape: tuple[int, ...]) -> str | None:
