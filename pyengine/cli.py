@@ -130,7 +130,7 @@ def _demo(args: argparse.Namespace) -> int:
               f"{batch} run at once, the others wait in the queue.\nDecoding is greedy, so the repeats of a prompt "
               "give the same tokens: each prompt is shown once, with the ids of its requests.\n")
     with Engine(model_dir, dtype=args.dtype, max_seq_len=args.max_seq_len,
-                scheduler_config=SchedulerConfig(max_batch_size=batch)) as engine:
+                scheduler_config=SchedulerConfig(max_batch_size=batch), **_quantization_kwargs(args)) as engine:
         start = time.perf_counter()
         results = engine.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
@@ -149,7 +149,7 @@ def _demo(args: argparse.Namespace) -> int:
                 wrapper.end()
         generated = sum(len(r.token_ids) for r in results)
         batch_line = (f"{len(results)} requests ({distinct} distinct prompts), {generated} generated tokens in "
-                      f"{elapsed:.2f} s: {generated / elapsed:.1f} tokens/s ({args.dtype})")
+                      f"{elapsed:.2f} s: {generated / elapsed:.1f} tokens/s ({_weights_label(args)})")
 
         stream_prompt = STREAM_PROMPT if not random_weights else DEMO_PROMPTS[0]
         print(f"\n--- streamed, token by token as each step produces it: {stream_prompt!r}")
@@ -189,7 +189,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     params = _sampling_params(args)  # bad values fail before the model is loaded
     spec = _speculative_config(args)
-    with Engine(args.model, dtype=args.dtype, max_seq_len=args.max_seq_len, speculative_config=spec) as engine:
+    with Engine(args.model, dtype=args.dtype, max_seq_len=args.max_seq_len, speculative_config=spec,
+                **_quantization_kwargs(args)) as engine:
         engine.add_request(args.prompt, params)
         while engine.has_unfinished_requests():
             for out in engine.step():
@@ -206,6 +207,32 @@ def _generate(args: argparse.Namespace) -> int:
                         sys.stderr.write(f"[speculative decoding: {m.num_accepted_draft_tokens} of "
                                          f"{m.num_draft_tokens} draft tokens accepted]\n")
     return 0
+
+
+def _quantization_kwargs(args: argparse.Namespace) -> dict:
+    """--quantization / --lm-head-quantization / --no-quantize-lm-head as Engine's arguments; only
+    those given, so that the engine's own checks name a misuse (e.g. an output format without
+    --quantization)."""
+    kw: dict = {}
+    if args.quantization is not None:
+        kw["quantization"] = args.quantization
+    if args.lm_head_quantization is not None:
+        kw["lm_head_quantization"] = args.lm_head_quantization
+    if not args.quantize_lm_head:
+        kw["quantize_lm_head"] = False
+    return kw
+
+
+def _weights_label(args: argparse.Namespace) -> str:
+    """The dtype, and the quantization asked for: "float32", or e.g. "q4_0 weights, output
+    projection q8_0, float32 activations"."""
+    if args.quantization is None:
+        return args.dtype
+    if not args.quantize_lm_head:
+        output = f", embeddings and output projection {args.dtype}"
+    else:
+        output = f", output projection {args.lm_head_quantization}" if args.lm_head_quantization else ""
+    return f"{args.quantization} weights{output}, {args.dtype} activations"
 
 
 def _speculative_config(args: argparse.Namespace):
@@ -278,6 +305,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="weights and activations (default float32; all three run on the CPU)")
         p.add_argument("--max-seq-len", type=int, default=None,
                        help="prompt + generated tokens per request (default: the model's max_position_embeddings)")
+        p.add_argument("--quantization", default=None, metavar="FORMAT",
+                       help="quantize a float checkpoint's weights at load: q8_0, q5_0, q4_0, q4_k, q6_k or "
+                            "q4_k_m (llama.cpp's block formats; needs --dtype float32 on the CPU)")
+        p.add_argument("--lm-head-quantization", default=None, metavar="FORMAT",
+                       help="with --quantization, the output projection's format instead of q6_k "
+                            "(e.g. q4_0: a faster step where the vocabulary is large)")
+        p.add_argument("--quantize-lm-head", action=argparse.BooleanOptionalAction, default=True,
+                       help="with --quantization, --no-quantize-lm-head keeps the embedding table and output "
+                            "projection in --dtype")
         p.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
         # Also accepted after the command; SUPPRESS keeps the top-level value when absent here.
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,

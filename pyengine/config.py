@@ -335,6 +335,9 @@ class EngineConfig:
             if on_cpu and self.dtype != torch.float32:
                 raise ValueError(f"quantization={self.quantization!r} computes with float32 activations on the CPU: "
                                  f"dtype must be 'float32', got {self.dtype}")
+        if not self.quantize_lm_head and self.quantization is None:
+            raise ValueError("quantize_lm_head=False needs quantization=: it keeps the embedding table and lm_head "
+                             "of a model quantized at load in float")
         if self.lm_head_quantization is not None:
             if self.quantization is None:
                 raise ValueError(f"lm_head_quantization={self.lm_head_quantization!r} needs quantization=: it "

@@ -137,6 +137,32 @@ def test_generate_with_speculative_decoding(llama_dir, greedy, tmp_path):
                           "speculative method 'draft_model' needs draft_model=")
 
 
+def test_generate_quantized_at_load(llama_dir):
+    """--quantization, --lm-head-quantization and --no-quantize-lm-head are Engine's arguments: the
+    text is the in-process engine's with the same ones."""
+    base = ["generate", "--model", str(llama_dir), "--prompt", PROMPT, "--max-tokens", "12", "--ignore-eos"]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    for flags, kwargs in [(["--quantization", "q4_0"], dict(quantization="q4_0")),
+                          (["--quantization", "q4_0", "--lm-head-quantization", "q8_0"],
+                           dict(quantization="q4_0", lm_head_quantization="q8_0")),
+                          (["--quantization", "q8_0", "--no-quantize-lm-head"],
+                           dict(quantization="q8_0", quantize_lm_head=False))]:
+        with Engine(llama_dir, **kwargs) as engine:
+            expected = engine.generate([PROMPT], params, use_tqdm=False)[0].text
+        assert generated(pyengine(*base, *flags)) == (expected, 12, "length"), flags
+
+
+def test_quantization_flag_errors_are_one_line(llama_dir):
+    base = ["generate", "--model", str(llama_dir), "--prompt", PROMPT]
+    assert_one_line_error(pyengine(*base, "--quantization", "q5_1"), "start-up failed in phase 'config'",
+                          "unsupported quantization format 'q5_1'", "q4_k_m")
+    assert_one_line_error(pyengine(*base, "--lm-head-quantization", "q4_0"),
+                          "lm_head_quantization='q4_0' needs quantization=")
+    assert_one_line_error(pyengine(*base, "--no-quantize-lm-head"), "quantize_lm_head=False needs quantization=")
+    assert_one_line_error(pyengine(*base, "--quantization", "q4_0", "--dtype", "bfloat16"),
+                          "dtype must be 'float32', got torch.bfloat16")
+
+
 # ---- demo ---------------------------------------------------------------------------------
 
 
@@ -164,6 +190,14 @@ def test_demo_random_labels(tmp_path):
     assert re.search(r"^10 requests \(8 distinct prompts\), 40 generated tokens in ", out, flags=re.M)
     assert re.findall(r"^    tokens: .*$", first.stdout, flags=re.M) == re.findall(r"^    tokens: .*$", out, flags=re.M)
     assert re.search(r"^    \[streamed 4 tokens in \d+ outputs, .*finish_reason=length\]$", out, flags=re.M)
+
+
+def test_demo_quantized_names_its_weights(llama_dir):
+    done = pyengine("demo", "--model", str(llama_dir), "--num-requests", "2", "--max-tokens", "4",
+                    "--quantization", "q4_0", "--lm-head-quantization", "q8_0")
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^2 requests \(2 distinct prompts\), \d+ generated tokens in .* tokens/s \(q4_0 weights, output "
+                     r"projection q8_0, float32 activations\)$", done.stdout, re.M), done.stdout
 
 
 def test_demo_random_and_model_exclude_each_other(llama_dir):

@@ -169,6 +169,9 @@ def test_no_float_copy_of_quantized_weights(llama_q_dir):
     (dict(quantization="q4_0", dtype="bfloat16"), "config",
      "quantization='q4_0' computes with float32 activations on the CPU: dtype must be 'float32', got torch.bfloat16"),
     (dict(quantization="q4_0", quantize_lm_head="yes"), "config", "quantize_lm_head must be a bool, got 'yes'"),
+    (dict(quantize_lm_head=False), "config",
+     "quantize_lm_head=False needs quantization=: it keeps the embedding table and lm_head of a model quantized at "
+     "load in float"),
     (dict(lm_head_quantization="q4_0"), "config",
      "lm_head_quantization='q4_0' needs quantization=: it chooses the output projection's format"),
     (dict(quantization="q4_0", quantize_lm_head=False, lm_head_quantization="q8_0"), "config",

@@ -71,7 +71,8 @@ class Engine:
         layer's rows do not fit it, the next one that fits); the output projection Q6_K (Q8_0 if
         its rows do not fit; Q8_0 stays Q8_0). On the CPU activations stay float32 (dtype must
         be float32); on a GPU the weight-only kernels take float32, bfloat16 or float16.
-    quantize_lm_head: with `quantization`, False keeps the embedding table and lm_head in float32.
+    quantize_lm_head: with `quantization`, False keeps the embedding table and lm_head in float32
+        (False without `quantization` is a config error).
     lm_head_quantization: with `quantization`, the output projection's format (lm_head, or the
         embedding table when the model ties them) in place of the default Q6_K: e.g. "q4_0" for a
         faster step where the vocabulary is large, as llama-quantize's --output-tensor-type
