@@ -192,6 +192,30 @@ TEST(an_overlap_engine_gives_the_same_tokens) {
   CHECK_EQ(last.token_ids, run_to_end(engine().add_request("The \"for\" statement", greedy(10))).token_ids);
 }
 
+TEST(quantization_options_reach_the_engine) {
+  // the engine's own checks see each option (and name it), and a quantized engine serves
+  pe::EngineOptions o;
+  o.model = g_python->demo_model_dir();
+  o.lm_head_quantization = "q4_0";
+  pe::Error e = error_of([&] { pe::Engine bad(o); });
+  CHECK_EQ(e.type(), std::string("StartupError"));
+  CHECK(e.message().find("lm_head_quantization='q4_0' needs quantization=") != std::string::npos);
+  o.lm_head_quantization.clear();
+  o.quantize_lm_head = false;
+  e = error_of([&] { pe::Engine bad(o); });
+  CHECK(e.message().find("quantize_lm_head=False needs quantization=") != std::string::npos);
+  o.quantization = "q8_0";
+  o.quantize_lm_head = true;
+  o.lm_head_quantization = "q4_0";
+  pe::Engine quantized(o);
+  const int64_t id = quantized.add_request("The \"for\" statement", greedy(6));
+  pe::Output last;
+  while (quantized.has_unfinished())
+    for (pe::Output& out : quantized.step())
+      if (out.request_id == id) last = out;
+  CHECK_EQ(last.token_ids.size(), size_t{6});
+}
+
 TEST(an_engine_moves_and_a_moved_from_engine_says_so) {
   pe::Engine moved(std::move(*g_engine));
   pe::Error e = error_of([&] { g_engine->step(); });

@@ -228,6 +228,9 @@ struct EngineOptions {
   bool overlap = false;           // Engine(overlap=True): step n's forward in a worker thread
   bool exact_fp32 = false;
   std::string quantization;       // "", "q8_0", "q4_k_m", ...
+  // with `quantization`: the output projection's format instead of q6_k ("": llama.cpp's choice)
+  std::string lm_head_quantization;
+  bool quantize_lm_head = true;   // with `quantization`, false keeps the embeddings and lm_head in float
   std::string tokenizer;          // a tokenizer directory instead of the model's
   std::string generation_config = "auto";  // "auto", "ignore" or a path
 };
@@ -363,6 +366,8 @@ class Engine {
     kw["overlap"] = o.overlap;
     kw["exact_fp32"] = o.exact_fp32;
     if (!o.quantization.empty()) kw["quantization"] = o.quantization;
+    if (!o.lm_head_quantization.empty()) kw["lm_head_quantization"] = o.lm_head_quantization;
+    kw["quantize_lm_head"] = o.quantize_lm_head;
     if (!o.tokenizer.empty()) kw["tokenizer"] = o.tokenizer;
     kw["generation_config"] = o.generation_config;
     py::dict sched, kv;
