@@ -836,8 +836,13 @@ static void run_combine(const AttnParams& p, const CombineItem& c, float* scratc
 
 template <typename KV>
 static void run_all(const AttnParams& p) {
-  [[maybe_unused]] const int32_t nt = p.num_threads;  // read by the OpenMP pragma only
-PYENGINE_OMP(parallel num_threads(nt) if (nt > 1))
+  const int32_t nt = p.num_threads;
+  if (nt <= 1) {  // on the calling thread: no one-thread OpenMP team to set up (elementwise_impl.h: for_rows)
+    for (int32_t i = 0; i < p.num_items; ++i) run_item<KV>(p, p.items[i], p.thread_scratch);
+    for (int32_t i = 0; i < p.num_combines; ++i) run_combine(p, p.combines[i], p.thread_scratch);
+    return;
+  }
+PYENGINE_OMP(parallel num_threads(nt))
   {
     float* scratch = p.thread_scratch + cpu::thread_id() * p.thread_scratch_floats;
 PYENGINE_OMP(for schedule(dynamic, 1))

@@ -39,6 +39,20 @@ inline float round_to(float v) {  // the value `v` takes once stored as T
   return cpu::resolve_threads(num_threads);
 }
 
+// body(r) for each r in [0, rows), split statically over `threads` OpenMP threads, or on the
+// calling thread alone when `threads` is 1: an OpenMP region of one thread still sets up and
+// tears down a team (~0.2 us hot, more with the caches cold after a decode step's weight
+// stream), and a one-token decode step calls these kernels 6 times a layer.
+template <typename Body>
+void for_rows(int32_t rows, [[maybe_unused]] int threads, Body&& body) {
+  if (threads <= 1) {
+    for (int32_t r = 0; r < rows; ++r) body(r);
+    return;
+  }
+PYENGINE_OMP(parallel for num_threads(threads) schedule(static))
+  for (int32_t r = 0; r < rows; ++r) body(r);
+}
+
 template <typename T>
 void rms_norm_typed(const RmsNormArgs& a) {
   T* out = static_cast<T*>(a.out);
@@ -46,8 +60,7 @@ void rms_norm_typed(const RmsNormArgs& a) {
   T* residual = static_cast<T*>(a.residual);
   const T* weight = static_cast<const T*>(a.weight);
   const int32_t hidden = a.hidden;
-PYENGINE_OMP(parallel for num_threads(threads_for(a.rows, a.num_threads)) schedule(static))
-  for (int32_t r = 0; r < a.rows; ++r) {
+  for_rows(a.rows, threads_for(a.rows, a.num_threads), [&](int32_t r) {
     const T* xr = x + r * a.x_stride;
     const T* src = xr;
     if (residual != nullptr) {
@@ -72,7 +85,7 @@ PYENGINE_OMP(parallel for num_threads(threads_for(a.rows, a.num_threads)) schedu
     T* o = out + r * a.out_stride;
     for (i = 0; i < hidden; ++i)
       store_f32(o + i, to_f32(weight[i]) * round_to<T>(to_f32(src[i]) * inv));
-  }
+  });
 }
 
 template <typename T>
@@ -82,8 +95,7 @@ void rotary_typed(const RotaryArgs& a) {
   const T* sin = static_cast<const T*>(a.sin);
   const int32_t head_dim = a.head_dim;
   const int32_t half = head_dim / 2;
-PYENGINE_OMP(parallel for num_threads(threads_for(a.tokens, a.num_threads)) schedule(static))
-  for (int32_t t = 0; t < a.tokens; ++t) {
+  for_rows(a.tokens, threads_for(a.tokens, a.num_threads), [&](int32_t t) {
     const T* c = cos + static_cast<int64_t>(a.positions[t]) * head_dim;
     const T* s = sin + static_cast<int64_t>(a.positions[t]) * head_dim;
     for (int32_t h = 0; h < a.heads; ++h) {
@@ -96,7 +108,7 @@ PYENGINE_OMP(parallel for num_threads(threads_for(a.tokens, a.num_threads)) sche
         store_f32(v + i + half, hi);
       }
     }
-  }
+  });
 }
 
 // e^x for every float x, within about an ulp of the exact value, in branch-free arithmetic that
@@ -141,8 +153,7 @@ inline float exp_f(float x) {
 template <typename T>
 void silu_mul_typed(const SiluMulArgs& a) {
   const int32_t inter = a.inter;
-PYENGINE_OMP(parallel for num_threads(threads_for(a.rows, a.num_threads)) schedule(static))
-  for (int32_t r = 0; r < a.rows; ++r) {
+  for_rows(a.rows, threads_for(a.rows, a.num_threads), [&](int32_t r) {
     const T* g = static_cast<const T*>(a.gate_up) + static_cast<int64_t>(r) * 2 * inter;
     const T* u = g + inter;
     T* o = static_cast<T*>(a.out) + static_cast<int64_t>(r) * inter;
@@ -150,7 +161,7 @@ PYENGINE_OMP(parallel for num_threads(threads_for(a.rows, a.num_threads)) schedu
       const float gv = to_f32(g[i]);
       store_f32(o + i, round_to<T>(gv / (1.f + exp_f(-gv))) * to_f32(u[i]));
     }
-  }
+  });
 }
 
 template <typename Src, typename Dst>
@@ -166,11 +177,10 @@ void store_kv_typed(const StoreKvArgs& a) {
   Dst* kc = static_cast<Dst*>(a.k_cache);
   Dst* vc = static_cast<Dst*>(a.v_cache);
   const int32_t heads = a.num_kv_heads, head_dim = a.head_dim, tpb = a.tokens_per_block;
-  [[maybe_unused]] const int64_t work = static_cast<int64_t>(a.num_tokens) * heads * head_dim;
-PYENGINE_OMP(parallel for schedule(static) if (work >= (int64_t{1} << 18)))
-  for (int32_t t = 0; t < a.num_tokens; ++t) {
+  const int64_t work = static_cast<int64_t>(a.num_tokens) * heads * head_dim;
+  for_rows(a.num_tokens, work >= (int64_t{1} << 18) ? cpu::resolve_threads(0) : 1, [&](int32_t t) {
     const int32_t slot = a.slot_mapping[t];
-    if (slot < 0) continue;
+    if (slot < 0) return;
     const int64_t block = slot / tpb;
     const int64_t off = slot % tpb;
     for (int32_t h = 0; h < heads; ++h) {
@@ -185,7 +195,7 @@ PYENGINE_OMP(parallel for schedule(static) if (work >= (int64_t{1} << 18)))
         convert_row(vs, vc + dst, head_dim);
       }
     }
-  }
+  });
 }
 
 }  // namespace

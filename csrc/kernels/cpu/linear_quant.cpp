@@ -83,7 +83,7 @@ void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M,
   const int64_t xrow = cpu::act_row_bytes(act, K);
   xq.resize(static_cast<size_t>(M * xrow));
   uint8_t* xqp = xq.data();
-  if (M >= 16) {
+  if (M >= 16 && nt_max > 1) {
 PYENGINE_OMP(parallel num_threads(nt_max))
     {
       const cpu::GroupRange rows = cpu::thread_groups(M, cpu::thread_id(), cpu::team_size());
