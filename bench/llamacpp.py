@@ -21,6 +21,9 @@ of --repeats):
 Quantized formats (--dtypes q8_0,q4_0,q4_k): pyengine quantizes the checkpoint at load
 (Engine(..., dtype="float32", quantization=fmt), q4_k as "q4_k_m"); llama.cpp runs the f32 GGUF
 quantized by llama-quantize to Q8_0, Q4_0 and Q4_K_M. The tensor types of each side are printed.
+--output-tensor-type FMT gives both sides' output projection that format instead of llama-quantize's
+Q6_K (pyengine: lm_head_quantization=FMT; llama-quantize: --output-tensor-type, or
+--token-embedding-type for a model that ties it to the embedding table).
 
     python bench/llamacpp.py --quick        # pp/tg 64, 16 sequences, 1 repeat: a few minutes
     python bench/llamacpp.py                # fp32 and bf16, 3 repeats
@@ -28,6 +31,7 @@ quantized by llama-quantize to Q8_0, Q4_0 and Q4_K_M. The tensor types of each s
     python bench/llamacpp.py --model qwen3-0.6b-shape --dtypes float32,bfloat16,q8_0,q4_0,q4_k
     python bench/llamacpp.py --dtypes bfloat16 --repeats 5 --json out.json
     python bench/llamacpp.py --model qwen3-0.6b-shape --dtypes bfloat16,q4_0 --figures tg --tg-prompt 1
+    python bench/llamacpp.py --model qwen3-0.6b-shape --dtypes bfloat16,q4_0 --output-tensor-type q4_0 --figures tg
     python bench/llamacpp.py --emulate-cpu avx2   # both as on an AVX2-only CPU (llama.cpp built for it)
 
 The build and the GGUF files are cached (--cache-dir, $PYENGINE_LLAMACPP_CACHE, else
@@ -260,13 +264,14 @@ def pyengine_prefill_rate(engine, prompt: list[int]) -> float:
 
 
 def single_stream_engine(model_dir: Path, dtype: str, quantization: str | None = None, max_seq_len: int = 512,
-                         max_num_tokens: int = 512):
+                         max_num_tokens: int = 512, lm_head_quantization: str | None = None):
     """As bench/latency.py (W2) builds it; ``quantization``: quantize the weights at load
-    (dtype must then be float32). Longer prompts than W2's need a larger ``max_seq_len``
+    (dtype must then be float32), the output projection in ``lm_head_quantization`` if given. Longer prompts than W2's need a larger ``max_seq_len``
     (prompt + generated tokens) and ``max_num_tokens`` (a prompt in one step)."""
     from pyengine import Engine, KvCacheConfig, SchedulerConfig
 
     return Engine(model_dir, dtype=dtype, max_seq_len=max_seq_len, quantization=quantization,
+                  lm_head_quantization=lm_head_quantization,
                   kv_cache_config=KvCacheConfig(max_tokens=max(2048, max_seq_len), enable_block_reuse=False),
                   scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=max_num_tokens))
 
@@ -282,6 +287,7 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
     from bench.throughput import WARMUP, PyengineRunner, kv_tokens_needed
 
     pe_dtype, quant = pyengine_dtype(dtype)
+    output = args.output_tensor_type if quant else None
     llama = LlamaRunner(lc, gguf, dtype, args.threads, sizes)
     groups = args.figures
     runs = {k: {"pyengine": [], "llama.cpp": []} for k, _ in figure_keys(groups)}
@@ -300,7 +306,7 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
 
     max_seq_len = max(512, sizes.pp + 1, sizes.tg_prompt + sizes.tg)
     engine = single_stream_engine(model_dir, pe_dtype, quant, max_seq_len=max_seq_len,
-                                  max_num_tokens=max(512, sizes.pp))
+                                  max_num_tokens=max(512, sizes.pp), lm_head_quantization=output)
     plan = float_1d = None
     try:
         if quant:  # the formats quantize-on-load chose, and the 1-D tensors it kept in float32
@@ -334,7 +340,7 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
     if "batched" in groups:
         requests = w1_requests(sizes.npl, (sizes.npp, sizes.npp), (sizes.ntg, sizes.ntg), vocab_size=vocab_size)
         runner = PyengineRunner(model_dir, pe_dtype, requests, kv_tokens_needed(requests, model_dir),
-                                quantization=quant)
+                                quantization=quant, lm_head_quantization=output)
         try:
             runner.run(WARMUP)
             for i in range(args.repeats):
@@ -353,8 +359,8 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
         pe, ll = median(runs[key]["pyengine"]), median(runs[key]["llama.cpp"])
         figures[key] = {"pyengine": pe, "llama.cpp": ll, "ratio": pe / ll, "runs": runs[key]}
     rec = llama.records.get("tg", [{}])[0]
-    return {"gguf": str(gguf), "pyengine": {"dtype": pe_dtype, "quantization": quant, "quant_plan": plan,
-                                            "float_1d_tensors": float_1d},
+    return {"gguf": str(gguf), "pyengine": {"dtype": pe_dtype, "quantization": quant, "lm_head_quantization": output,
+                                            "quant_plan": plan, "float_1d_tensors": float_1d},
             "llama_cpp_kv_cache_type": llama.kv, "figures": figures, "cpu": cpu,
             "llama_cpp_generation_phase_tps": phase, "llama_cpp_commands": llama.commands,
             "llama_cpp_no_repack": sorted(llama.no_repack),
@@ -362,14 +368,15 @@ def bench_dtype(dtype: str, model_dir: Path, gguf: Path, lc, args, sizes: Sizes,
                                                              "n_threads", "build_commit", "model_type", "cpu_info")}}
 
 
-def memory_figures(dtype: str, model_dir: Path, gguf: Path, lc, threads: int, log) -> dict:
+def memory_figures(dtype: str, model_dir: Path, gguf: Path, lc, threads: int, log,
+                   output_type: str | None = None) -> dict:
     """Resident memory after loading, each engine in a fresh process: pyengine's RSS after
     Engine(...) minus the RSS before it (bench/memory.py), llama.cpp's peak RSS of a
     one-token ``llama-bench`` run (its weights mmap'd from the GGUF)."""
     from bench.memory import peak_rss_of, pyengine_load_rss
 
     pe_dtype, quant = pyengine_dtype(dtype)
-    pe = pyengine_load_rss(model_dir, pe_dtype, quant, threads)
+    pe = pyengine_load_rss(model_dir, pe_dtype, quant, threads, lm_head_quantization=output_type if quant else None)
     ll = peak_rss_of([lc.tool("llama-bench"), "-m", gguf, "-p", 0, "-n", 1, "-r", 1, "-t", threads])
     if ll["returncode"] != 0:
         raise RuntimeError(f"{ll['command']} failed ({ll['returncode']})")
@@ -413,8 +420,9 @@ def print_memory_table(memory: dict[str, dict]) -> None:
               "used as loaded, without a copy) and 'RSS after malloc_trim(0)' (freed memory glibc kept)")
 
 
-def print_mixtures(mixtures: dict[str, dict]) -> None:
-    print("\nTensor types of the quantized models (both sides follow llama.cpp's rules: Q6_K output, Q4_K_M's Q6_K "
+def print_mixtures(mixtures: dict[str, dict], output_type: str | None = None) -> None:
+    output = f"the output projection {output_type.upper()} (--output-tensor-type)" if output_type else "Q6_K output"
+    print(f"\nTensor types of the quantized models (both sides follow llama.cpp's rules: {output}, Q4_K_M's Q6_K "
           "attn_v and ffn_down layers, the same fallbacks where rows do not fit a format, e.g. Q4_K -> Q5_0, "
           "Q6_K -> Q8_0)")
     print("| format | llama.cpp GGUF (llama-quantize), tensors by type | pyengine (quantize-on-load plan), tensors "
@@ -431,10 +439,12 @@ def print_mixtures(mixtures: dict[str, dict]) -> None:
 def print_table(dtype: str, res: dict, sizes: Sizes) -> None:
     kv = res["llama_cpp_kv_cache_type"]
     if dtype in QUANTIZED:
+        output = res["pyengine"]["lm_head_quantization"]
+        output = f", output projection {output} on both sides" if output else ""
         what = (f"pyengine: quantized at load to {PYENGINE_QUANT[dtype]}, float32 activations, float16 KV cache "
                 f"(its default for quantized weights); llama.cpp: GGUF "
                 f"{GGUF_TYPE[dtype].upper()} from llama-quantize, KV cache {kv['bench']} (its default) in "
-                f"llama-bench and llama-batched-bench")
+                f"llama-bench and llama-batched-bench{output}")
     else:
         what = (f"GGUF {GGUF_TYPE[dtype]}; llama.cpp KV cache {kv['bench']} in llama-bench, {kv['batched']} in "
                 "llama-batched-bench")
@@ -500,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
                         "an empty context, so 1 compares the same contexts)")
     p.add_argument("--figures", type=parse_figures, default=list(FIGURE_GROUPS),
                    help="comma-separated: which of pp, tg, batched to run (default all)")
+    p.add_argument("--output-tensor-type", choices=llamacpp_build.OUTPUT_TENSOR_TYPES, default=None,
+                   help="the quantized formats' output projection in this format on both sides (pyengine's "
+                        "lm_head_quantization=, llama-quantize's --output-tensor-type) instead of Q6_K")
     p.add_argument("--threads", type=int, default=BENCH_THREADS, help="threads for both engines (default 2)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per figure and engine (default 3; --quick 1)")
     p.add_argument("--quick", action="store_true", help="pp/tg 64, 16 sequences of 64+64, 1 repeat")
@@ -527,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--tg-prompt must be >= 1")
     if args.no_memory and args.memory_only:
         p.error("--no-memory and --memory-only exclude each other")
+    if args.output_tensor_type and not any(d in QUANTIZED for d in args.dtypes):
+        p.error("--output-tensor-type needs a quantized format among --dtypes (q8_0, q4_0, q4_k)")
     sizes = sizes_for(args.model, args.quick, args.pp, args.tg_prompt)
     emulate_cpu_level(args.emulate_cpu)
     try:
@@ -552,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         if lc.version != lc.requested_version:
             log(f"note: llama-cpp-python {lc.requested_version} was not available; using {lc.version}")
         ggufs = llamacpp_build.gguf_files(lc, model_dir, args.model, [GGUF_TYPE[d] for d in args.dtypes], log,
-                                          threads=args.threads)
+                                          threads=args.threads, output_type=args.output_tensor_type)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -574,7 +589,9 @@ def main(argv: list[str] | None = None) -> int:
           f"built for {level or 'this CPU'}), "
           f"{lc.stamp.get('compiler') or 'compiler unknown'}, built in {lc.stamp.get('build_seconds', '?')} s")
     print(f"  model: {args.model} {model_dir}; GGUF " + ", ".join(
-        f"{t} {conversions[t]['bytes'] / 1e6:.0f} MB (made in {conversions[t]['seconds']} s)" for t in ggufs))
+        f"{p.name} {conversions[llamacpp_build.quantized_key(t, args.output_tensor_type)]['bytes'] / 1e6:.0f} MB "
+        f"(made in {conversions[llamacpp_build.quantized_key(t, args.output_tensor_type)]['seconds']} s)"
+        for t, p in ggufs.items()))
 
     results, memory, mixtures = {}, {}, {}
     for dtype in args.dtypes:
@@ -583,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"\n[{dtype}] ...")
             results[dtype] = bench_dtype(dtype, model_dir, gguf, lc, args, sizes, log, vocab_size)
         if not args.no_memory:
-            memory[dtype] = memory_figures(dtype, model_dir, gguf, lc, args.threads, log)
+            memory[dtype] = memory_figures(dtype, model_dir, gguf, lc, args.threads, log, args.output_tensor_type)
         if dtype in QUANTIZED:
             plan = (results.get(dtype, {}).get("pyengine", {}).get("quant_plan")
                     or memory.get(dtype, {}).get("pyengine", {}).get("quant_plan"))
@@ -603,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
               f"K/V cache {st.get('type_k')}/{st.get('type_v')}, {st.get('n_threads')} threads, build "
               f"{st.get('build_commit')}, model '{st.get('model_type')}'")
     if mixtures:
-        print_mixtures(mixtures)
+        print_mixtures(mixtures, args.output_tensor_type)
     if memory:
         print_memory_table(memory)
     print(f"(wall time {time.perf_counter() - t_start:.0f} s)")
@@ -612,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "machine": {**info, "cpu_flags": flags},
             "settings": {"model": args.model, "quick": args.quick, "repeats": args.repeats, "threads": args.threads,
-                         "figures": args.figures,
+                         "figures": args.figures, "output_tensor_type": args.output_tensor_type,
                          **vars(sizes)},
             "llama_cpp": {"llama_cpp_python": lc.version, "requested": lc.requested_version, "commit": lc.commit,
                           "build": lc.stamp, "conversions": conversions},

@@ -55,6 +55,9 @@ STAMP = "pyengine-stamp.json"
 CONVERT_SCHEME = 1  # bump when the conversion wrapper changes what it writes
 # GGUF types made from the f32 GGUF by llama-quantize: file suffix -> llama-quantize's type name
 QUANTIZED_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}
+# tensor types llama-quantize may give the output projection (--output-tensor-type) that pyengine
+# also has (its lm_head_quantization=)
+OUTPUT_TENSOR_TYPES = ("q8_0", "q5_0", "q4_0", "q4_k", "q6_k")
 INTERESTING_FLAGS = (
     "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq",
     "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16",  # x86
@@ -351,14 +354,36 @@ def build(root: Path, version: str = DEFAULT_VERSION, jobs: int = 2, log: Log = 
 # --------------------------------------------------------------------------------------
 
 
+def quantized_key(outtype: str, output_type: str | None) -> str:
+    """The file-name and conversions.json key of GGUF type ``outtype`` whose output projection
+    llama-quantize makes ``output_type`` (None: its own choice, the plain ``outtype``)."""
+    if output_type is None or outtype not in QUANTIZED_TYPES:
+        return outtype
+    return f"{outtype}.output-{output_type}"
+
+
+def output_type_args(checkpoint: Path, output_type: str | None) -> list[str]:
+    """llama-quantize's options giving the output projection ``output_type``: the output tensor,
+    or, for a model whose embedding table is its output projection (tie_word_embeddings; the GGUF
+    then has no output tensor), the table -- as pyengine's lm_head_quantization= does."""
+    if output_type is None:
+        return []
+    if output_type not in OUTPUT_TENSOR_TYPES:
+        raise ValueError(f"output tensor type {output_type!r}: not one of {', '.join(OUTPUT_TENSOR_TYPES)}")
+    config = _read_json(checkpoint / "config.json") or {}
+    flag = "--token-embedding-type" if config.get("tie_word_embeddings", False) else "--output-tensor-type"
+    return [flag, output_type]
+
+
 def gguf_files(lc: LlamaCpp, checkpoint: Path, name: str, outtypes: list[str], log: Log = print,
-               threads: int = 2, root: Path | None = None) -> dict[str, Path]:
+               threads: int = 2, root: Path | None = None, output_type: str | None = None) -> dict[str, Path]:
     """{outtype: GGUF file} of the checkpoint, converted once per checkpoint content (its
     digest) and llama.cpp version, and reused afterwards (kept under ``root``, by default the
     build's ``gguf`` folder). ``outtypes``: the converter's
     ``f32``/``bf16``, or a key of ``QUANTIZED_TYPES`` (``q8_0``, ``q4_0``, ``q4_k_m``): the f32
     file quantized by ``llama-quantize`` (with ``threads`` threads), made again whenever the
-    f32 file is."""
+    f32 file is. ``output_type``: the quantized files' output projection in that type
+    (output_type_args; files of their own, quantized_key)."""
     from bench.common import checkpoints  # noqa: PLC0415
 
     digest = checkpoints.checkpoint_digest(checkpoint)[:16]
@@ -374,15 +399,18 @@ def gguf_files(lc: LlamaCpp, checkpoint: Path, name: str, outtypes: list[str], l
     for t in wanted:
         if t not in QUANTIZED_TYPES and t not in ("f32", "bf16", "f16"):
             raise ValueError(f"unknown GGUF type {t!r}")
-        path = folder / f"model-{t}.gguf"
-        rec = info.get(t, {})
-        tmp = folder / f".model-{t}.gguf.tmp"
+        key = quantized_key(t, output_type)
+        path = folder / f"model-{key}.gguf"
+        rec = info.get(key, {})
+        tmp = folder / f".model-{key}.gguf.tmp"
         if t in QUANTIZED_TYPES:
             src = out["f32"]
             fresh = path.is_file() and rec.get("scheme") == CONVERT_SCHEME and \
                 rec.get("source_mtime_ns") == src.stat().st_mtime_ns
-            cmd = [lc.tool("llama-quantize"), src, tmp, QUANTIZED_TYPES[t], threads]
-            what = f"quantizing {name} to GGUF {QUANTIZED_TYPES[t]} with llama-quantize"
+            options = output_type_args(checkpoint, output_type)
+            cmd = [lc.tool("llama-quantize"), *options, src, tmp, QUANTIZED_TYPES[t], threads]
+            what = f"quantizing {name} to GGUF {QUANTIZED_TYPES[t]} with llama-quantize" + (
+                f" {' '.join(options)}" if options else "")
         else:
             fresh = path.is_file() and rec.get("scheme") == CONVERT_SCHEME
             cmd = [sys.executable, Path(__file__).resolve(), "--convert", lc.tree, "--", checkpoint,
@@ -397,14 +425,14 @@ def gguf_files(lc: LlamaCpp, checkpoint: Path, name: str, outtypes: list[str], l
                 raise RuntimeError(f"{what} failed:\n{(r.stdout + r.stderr)[-4000:]}")
             os.replace(tmp, path)
             if t in QUANTIZED_TYPES:
-                shown = [Path(cmd[0]).name, src.name, path.name, *map(str, cmd[3:])]
+                shown = [Path(cmd[0]).name, *options, src.name, path.name, QUANTIZED_TYPES[t], str(threads)]
                 rec = {"source_mtime_ns": src.stat().st_mtime_ns}
             else:
                 shown = [str(cmd[0]), "bench/llamacpp_build.py", *map(str, cmd[2:-1]), path.name]
                 rec = {}
             rec.update({"scheme": CONVERT_SCHEME, "seconds": round(time.perf_counter() - t0, 1),
                         "command": " ".join(shown), "bytes": path.stat().st_size, "checkpoint": str(checkpoint)})
-            info[t] = rec
+            info[key] = rec
             info_path.write_text(json.dumps(info, indent=1))
             log(f"  {path} ({rec['bytes'] / 1e6:.0f} MB) in {rec['seconds']:.1f} s")
         out[t] = path

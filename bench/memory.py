@@ -11,7 +11,7 @@
   read in a small helper interpreter that runs it). Its weights are mmap'd from the GGUF
   file; the pages it touched count.
 
-    python bench/memory.py MODEL_DIR [--dtype float32] [--quantization q4_k]   # one pyengine figure
+    python bench/memory.py MODEL_DIR [--dtype float32] [--quantization q4_k] [--lm-head-quantization q4_0]
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def _child(args: argparse.Namespace) -> dict:
     fields = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
     before = proc_status(*fields)
     t0 = time.perf_counter()
-    engine = Engine(args.model_dir, dtype=args.dtype, quantization=args.quantization, max_seq_len=args.max_seq_len,
+    engine = Engine(args.model_dir, dtype=args.dtype, quantization=args.quantization,
+                    lm_head_quantization=args.lm_head_quantization, max_seq_len=args.max_seq_len,
                     kv_cache_config=KvCacheConfig(max_tokens=args.max_seq_len, free_memory_fraction=None,
                                                   enable_block_reuse=False),
                     scheduler_config=SchedulerConfig(max_batch_size=4, max_num_tokens=512))
@@ -108,7 +109,8 @@ def _child(args: argparse.Namespace) -> dict:
     cap = engine._parts.capacity
     plan = engine._parts.quant_plan
     res = {
-        "dtype": args.dtype, "quantization": args.quantization, "load_seconds": round(seconds, 2),
+        "dtype": args.dtype, "quantization": args.quantization, "lm_head_quantization": args.lm_head_quantization,
+        "load_seconds": round(seconds, 2),
         "rss_before": before["VmRSS"], "rss_after_load": after["VmRSS"], "hwm_after_load": after["VmHWM"],
         "rss_anon_before": before["RssAnon"], "rss_anon_after_load": after["RssAnon"],
         "rss_file_before": before["RssFile"], "rss_file_after_load": after["RssFile"],
@@ -139,13 +141,16 @@ def _child(args: argparse.Namespace) -> dict:
 
 
 def pyengine_load_rss(model_dir: Path | str, dtype: str = "float32", quantization: str | None = None,
-                      threads: int = 2, max_seq_len: int = 512, timeout: float = 1800) -> dict:
+                      threads: int = 2, max_seq_len: int = 512, timeout: float = 1800,
+                      lm_head_quantization: str | None = None) -> dict:
     """The resident memory of loading the model into an Engine, measured in a fresh process
     (see the module docstring)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), str(model_dir), "--dtype", dtype,
            "--threads", str(threads), "--max-seq-len", str(max_seq_len), "--json-line"]
     if quantization:
         cmd += ["--quantization", quantization]
+    if lm_head_quantization:
+        cmd += ["--lm-head-quantization", lm_head_quantization]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=os.pathsep.join(
         [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -189,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model_dir")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--quantization", default=None)
+    p.add_argument("--lm-head-quantization", default=None, help="with --quantization: the output projection's format")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-seq-len", type=int, default=512, help="max_seq_len and the KV pool's tokens (default 512)")
     p.add_argument("--json-line", action="store_true", help="print the result as one JSON line (for the caller)")

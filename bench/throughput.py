@@ -75,13 +75,14 @@ class PyengineRunner:
     """Builds the engine once; ``run`` generates the workload and times it."""
 
     def __init__(self, model_dir: Path, dtype: str, requests: list[Request], kv_tokens: int,
-                 quantization: str | None = None):
+                 quantization: str | None = None, lm_head_quantization: str | None = None):
         from pyengine import Engine, KvCacheConfig, SchedulerConfig
 
         self.engine = Engine(
             str(model_dir),
             dtype=dtype,
             quantization=quantization,  # e.g. "q4_k": quantize the weights at load (dtype float32)
+            lm_head_quantization=lm_head_quantization,  # with it: the output projection's format
             kv_cache_config=KvCacheConfig(tokens_per_block=TOKENS_PER_BLOCK, max_tokens=kv_tokens,
                                           enable_block_reuse=False),  # runs repeat the prompts
             scheduler_config=SchedulerConfig(

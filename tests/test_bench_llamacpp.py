@@ -257,3 +257,63 @@ def test_quantized_gguf_files_are_made_from_f32_and_cached(tmp_path):
     os.utime(folder / "model-f32.gguf", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a new f32 file
     llamacpp_build.gguf_files(lc, ckpt, "m", ["q8_0"], log=lambda m: None)
     assert calls.read_text().split("\n")[2] == "Q8_0 2"
+
+
+def _fake_quantize_tool(build: Path, calls: Path) -> None:
+    """A llama-quantize that records its arguments and copies its input (after the options) to
+    its output."""
+    import stat
+    tool = build / "bin" / "llama-quantize"
+    tool.write_text(f"#!{sys.executable}\nimport shutil, sys\nargs = sys.argv[1:]\n"
+                    f"open({str(calls)!r}, 'a').write(' '.join(args) + '\\n')\n"
+                    "while args[0].startswith('--'):\n    args = args[2:]\nshutil.copy(args[0], args[1])\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.mark.parametrize("tied, flag", [(True, "--token-embedding-type"), (False, "--output-tensor-type")])
+def test_an_output_tensor_type_makes_files_of_its_own(tmp_path, tied, flag):
+    """gguf_files(output_type=...): llama-quantize gives the output projection that type -- the
+    output tensor, or the embedding table of a model that ties the two -- into a file of its own,
+    beside the plain quantized file; float files are shared."""
+    import json
+
+    from bench.common import checkpoints
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"tie_word_embeddings": tied}))
+    build = tmp_path / "build"
+    (build / "bin").mkdir(parents=True)
+    calls = tmp_path / "calls.txt"
+    _fake_quantize_tool(build, calls)
+    lc = llamacpp_build.LlamaCpp("0", "0", None, tmp_path / "tree", build)
+    folder = lc.gguf_root / f"m-{checkpoints.checkpoint_digest(ckpt)[:16]}"
+    folder.mkdir(parents=True)
+    (folder / "model-f32.gguf").write_bytes(b"GGUF f32")
+    (folder / "conversions.json").write_text(json.dumps({"f32": {"scheme": llamacpp_build.CONVERT_SCHEME,
+                                                                  "seconds": 1, "bytes": 8}}))
+    out = llamacpp_build.gguf_files(lc, ckpt, "m", ["f32", "q4_0"], log=lambda m: None, threads=2,
+                                    output_type="q4_0")
+    assert out == {"f32": folder / "model-f32.gguf", "q4_0": folder / "model-q4_0.output-q4_0.gguf"}
+    assert out["q4_0"].read_bytes() == b"GGUF f32"
+    src, dst = folder / "model-f32.gguf", folder / ".model-q4_0.output-q4_0.gguf.tmp"
+    assert calls.read_text().splitlines() == [f"{flag} q4_0 {src} {dst} Q4_0 2"]
+    info = json.loads((folder / "conversions.json").read_text())
+    assert info["q4_0.output-q4_0"]["command"] == f"llama-quantize {flag} q4_0 model-f32.gguf " \
+                                                  "model-q4_0.output-q4_0.gguf Q4_0 2"
+    assert llamacpp_build.quantized_key("q4_0", "q4_0") == "q4_0.output-q4_0"
+    assert llamacpp_build.quantized_key("f32", "q4_0") == "f32"
+    plain = llamacpp_build.gguf_files(lc, ckpt, "m", ["q4_0"], log=lambda m: None, threads=2)
+    assert plain == {"q4_0": folder / "model-q4_0.gguf"}  # the plain file: quantized on its own
+    assert calls.read_text().splitlines()[1] == f"{src} {folder / '.model-q4_0.gguf.tmp'} Q4_0 2"
+    llamacpp_build.gguf_files(lc, ckpt, "m", ["q4_0"], log=lambda m: None, output_type="q4_0")
+    assert len(calls.read_text().splitlines()) == 2  # cached
+    with pytest.raises(ValueError, match="output tensor type 'q3_k': not one of q8_0, q5_0, q4_0, q4_k, q6_k"):
+        llamacpp_build.gguf_files(lc, ckpt, "m", ["q8_0"], log=lambda m: None, output_type="q3_k")
+
+
+def test_output_tensor_type_needs_a_quantized_format(capsys):
+    with pytest.raises(SystemExit) as e:
+        llamacpp.main(["--dtypes", "bfloat16", "--output-tensor-type", "q4_0"])
+    assert e.value.code == 2
+    assert "--output-tensor-type needs a quantized format among --dtypes" in capsys.readouterr().err
