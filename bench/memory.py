@@ -58,27 +58,11 @@ def model_weight_bytes(model) -> dict[str, int]:
     """Bytes of a pyengine model's weights, each tensor once (tied embeddings): ``quantized``
     (llama.cpp blocks), ``float`` (tensors kept in the model's dtype: norms, biases, and the
     unquantized matrices)."""
-    from pyengine.quant import QuantizedWeight
+    from pyengine.quant import QUANT_FORMATS
 
-    seen: set[int] = set()
-    out = {"quantized": 0, "float": 0}
-
-    def add(w) -> None:
-        if w is None or id(w) in seen:
-            return
-        seen.add(id(w))
-        if isinstance(w, QuantizedWeight):
-            out["quantized"] += w.nbytes
-        else:
-            out["float"] += w.numel() * w.element_size()
-
-    add(model.embed)
-    add(model.lm_head)
-    add(model.norm)
-    for layer in model.layers:
-        for w in layer.values():
-            add(w)
-    return out
+    by_format = model.weight_bytes_by_format
+    quantized = sum(n for f, n in by_format.items() if f in QUANT_FORMATS)
+    return {"quantized": quantized, "float": sum(by_format.values()) - quantized}
 
 
 def _child(args: argparse.Namespace) -> dict:

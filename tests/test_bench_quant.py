@@ -152,6 +152,17 @@ def test_quantization_reaches_the_benchmark_engines(tiny_model):
         assert r.engine._parts.quant_plan is not None and r.run([Request([5, 6, 7], 2)]).generated_tokens == 2
     finally:
         r.close()
+    e = single_stream_engine(tiny_model, "float32", "q8_0", lm_head_quantization="q4_0")  # --output-tensor-type
+    try:
+        assert e.startup_report()["weights"]["output_projection"] == "q4_0"
+    finally:
+        e.shutdown()
+    r = PyengineRunner(tiny_model, "float32", [Request([5, 6, 7], 2)], 1024, quantization="q8_0",
+                       lm_head_quantization="q4_0")
+    try:
+        assert r.engine.startup_report()["weights"]["output_projection"] == "q4_0"
+    finally:
+        r.close()
     r = PyengineRunner(tiny_model, "float32", [Request([5, 6, 7], 2)], 1024)  # as before: no quantization
     try:
         assert r.engine._parts.quant_plan is None

@@ -186,6 +186,21 @@ def test_quantized_gguf_holds_the_blocks_of_quantize_on_load(ckpt, gguf_file, mo
     assert greedy(path) == greedy(model_dir, quantization=fmt)
 
 
+def test_startup_report_names_the_files_formats(ckpt, gguf_file):
+    """startup_report()["weights"] of a GGUF file: its source, and the same bytes by format and
+    output projection as the checkpoint quantized at load (the file holds the same blocks)."""
+    path = gguf_file(ckpt["qwen3"], "q4_k")
+    with make_engine(path) as engine:
+        weights = engine.startup_report()["weights"]
+    with make_engine(ckpt["qwen3"], quantization="q4_k") as engine:
+        on_load = engine.startup_report()["weights"]
+    assert weights["source"] == "gguf" and on_load["source"] == "quantized at load"
+    assert weights["plan"] is None and on_load["plan"]["model.embed_tokens.weight"] == "q6_k"
+    assert weights["output_projection"] == on_load["output_projection"] == "q6_k"
+    assert weights["bytes_by_format"] == on_load["bytes_by_format"]
+    assert set(weights["bytes_by_format"]) == {"q4_k", "q6_k", "float32"}
+
+
 def test_fused_group_of_mixed_types_is_dequantized(ckpt, gguf_file):
     """q, k and v are fused into one matrix: where the file has v in F32 and q, k in Q8_0 (as
     llama-quantize leaves rows that fit no block format), q and k are dequantized, exactly."""

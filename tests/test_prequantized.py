@@ -66,6 +66,9 @@ def test_prequantized_greedy_matches_transformers(variant, float_dir, prequantiz
     assert Engine(model_dir, max_seq_len=64).kv_dtype == torch.float16  # the default for quantized weights
     layer = engine._runner.model.layers[0]
     assert isinstance(layer["qkv"], QuantizedWeight) and layer["qkv"].formats == ["q4_z"]
+    weights = engine.startup_report()["weights"]
+    assert weights["source"] == VARIANTS[variant][0] and weights["plan"] is None
+    assert set(weights["bytes_by_format"]) == {"q4_z", "float32"}  # the embeddings and lm_head stay float
     # the repacked blocks hold exactly the checkpoint's (q - z) * s
     assert torch.equal(layer["down"].dequantize(), dequantized["model.layers.0.mlp.down_proj.weight"])
     reference, float_acts = reference_models(float_dir, dequantized)

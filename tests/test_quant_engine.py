@@ -12,6 +12,7 @@ import torch
 from hf_reference import check_greedy_near_reference, quantized_hf_model
 import pyengine.core._core as _core
 from pyengine import Engine, KvCacheConfig, SamplingParams, StartupError
+from pyengine.cli import num_parameters
 from pyengine.quant import QuantizedWeight
 
 # hidden and intermediate sizes multiples of 256: every format applies to every linear layer
@@ -76,6 +77,28 @@ def test_lm_head_quantization_chooses_the_output_projections_format(llama_q_dir)
     assert report["model.layers.1.mlp.down_proj.weight"] == "q4_k"
     assert engine._runner.model.lm_head.formats == ["q4_0"]
     check_greedy_against_reference(engine, llama_q_dir)
+
+
+def test_startup_report_says_what_the_weights_are(llama_q_dir):
+    """startup_report()["weights"]: where they came from, their bytes by format as the model holds
+    them (each tensor once; Q4_K in its interleaved layout, 148 bytes a block of 256), the output
+    projection's format, and the plan of quantize-on-load."""
+    engine = Engine(llama_q_dir, quantization="q4_k", lm_head_quantization="q4_0")
+    weights = engine.startup_report()["weights"]
+    model = engine._runner.model
+    assert weights["source"] == "quantized at load" and weights["output_projection"] == "q4_0"
+    assert weights["plan"] == engine._parts.quant_plan.report and weights["plan"]["lm_head.weight"] == "q4_0"
+    layers = sum(w.nbytes for layer in model.layers for k, w in layer.items() if isinstance(w, QuantizedWeight))
+    norms = sum(w.numel() * 4 for layer in model.layers for w in layer.values() if isinstance(w, torch.Tensor))
+    assert weights["bytes_by_format"] == {"q4_k": model.embed.nbytes + layers, "q4_0": model.lm_head.nbytes,
+                                          "float32": norms + model.norm.numel() * 4}
+    assert layers == 2 * (512 + 256 + 1024 + 256 * 2) * 148  # SHAPE: (rows x blocks of 256) a layer
+    engine.shutdown()
+    float_engine = Engine(llama_q_dir)
+    weights = float_engine.startup_report()["weights"]
+    assert weights == {"source": "checkpoint", "output_projection": "float32", "plan": None,
+                       "bytes_by_format": {"float32": 4 * num_parameters(llama_q_dir)}}  # (untied: each once)
+    float_engine.shutdown()
 
 
 def test_lm_head_quantization_of_a_tied_table(qwen3_tied_dir):

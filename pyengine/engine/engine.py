@@ -382,7 +382,11 @@ class Engine:
         the oneDNN-packed bf16 weights (packed_weight_bytes), and where the weights live
         (weight_memory: None where they were left where they were read -- a GPU, or
         huge_page_weights=False --, else {"bytes": the region's bytes in use, "huge_pages_advised",
-        "huge_page_bytes": how many the kernel backs with 2 MiB pages now})."""
+        "huge_page_bytes": how many the kernel backs with 2 MiB pages now}), and what the weights
+        are (weights: {"source": "checkpoint", "quantized at load", "gguf", "awq" or "gptq";
+        "bytes_by_format": {"q4_k": bytes, "float32": bytes, ...} as the model holds them;
+        "output_projection": its format or dtype; "plan": quantized at load, each checkpoint
+        tensor's format or why it stayed float, else None})."""
         p = self._parts
         info = cpu_info()
         one_call = self._runner.cpu_decode
@@ -398,7 +402,15 @@ class Engine:
                 "step_cost_model": self.step_cost_model(), "draft_model": self._draft_model_report(),
                 "adaptive_draft_length": p.draft_costs,
                 "packed_weight_bytes": self._runner.model.packed_weight_bytes,
-                "weight_memory": None if arena is None else arena.as_dict()}
+                "weight_memory": None if arena is None else arena.as_dict(),
+                "weights": self._weights_report()}
+
+    def _weights_report(self) -> dict[str, Any]:
+        """startup_report()["weights"]."""
+        model, plan = self._runner.model, self._parts.quant_plan
+        return {"source": self._parts.weights_source, "bytes_by_format": model.weight_bytes_by_format,
+                "output_projection": model.output_projection_format,
+                "plan": None if plan is None else dict(plan.report)}
 
     def _draft_model_report(self) -> dict[str, Any] | None:
         drafter = self._parts.drafter

@@ -85,6 +85,8 @@ class EngineParts:
     quant_plan: QuantPlan | None = None  # the formats quantize-on-load chose, tensor by tensor
     prequantized: PrequantizedSpec | None = None  # an AWQ / GPTQ checkpoint's quantization_config
     gguf_header: gguf.GGUFHeader | None = None  # a GGUF file's tensor table, until the weights are read
+    # where the weights came from: "gguf", "awq", "gptq", "quantized at load" or "checkpoint"
+    weights_source: str = "checkpoint"
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)  # eos ids, sampling defaults
     kv_loaded: dict[str, Any] | None = None  # KvCacheConfig.load_from's load_kv_cache report
     step_cost: StepCostModel | None = None  # the start-up step cost model (time-budgeted steps)
@@ -194,11 +196,14 @@ def _load_model(parts: EngineParts) -> Any:
     if parts.gguf_header is not None:
         weights = gguf.load_weights(parts.gguf_header, mc, names, parts.config.dtype, optional)
         parts.gguf_header = None
+        parts.weights_source = "gguf"
     elif parts.prequantized is not None:  # AWQ / GPTQ: repacked, not quantized again
+        parts.weights_source = parts.prequantized.method
         weights = load_prequantized(parts.config.model, names, parts.config.dtype, optional, parts.prequantized,
                                     LINEAR_SUFFIXES)
     else:
         weights = _load_checkpoint(parts.config.model, names, parts.config.dtype, optional, parts.quant_plan)
+        parts.weights_source = "checkpoint" if parts.quant_plan is None else "quantized at load"
     model = cls(mc, weights, parts.config.dtype, parts.max_seq_len, parts.device,
                 exact_fp32=parts.config.exact_fp32)
     _place_weights(parts.config.huge_page_weights, model)

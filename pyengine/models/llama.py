@@ -160,6 +160,32 @@ class LlamaFamilyModel:
         return sum(w.nbytes for w in self.packable_bf16_weights() if w.data_ptr() in self.packed)
 
     @property
+    def weight_bytes_by_format(self) -> dict[str, int]:
+        """The weights' bytes by storage format: a quantized weight's row groups under their
+        format's name ("q4_k"; an interleaved layout under the format it holds), float tensors
+        under their dtype ("float32"); a tensor held twice (a tied head is the embedding) once."""
+        out: dict[str, int] = {}
+        seen: set[int] = set()
+        for w in [self.embed, self.norm, self.lm_head] + [w for layer in self.layers for w in layer.values()]:
+            if id(w) in seen or not isinstance(w, (torch.Tensor, QuantizedWeight)):
+                continue
+            seen.add(id(w))
+            parts = w.parts if isinstance(w, QuantizedWeight) else [(None, w)]
+            for fmt, data in parts:
+                name = str(data.dtype).removeprefix("torch.") if fmt is None else fmt.plain or fmt.name
+                out[name] = out.get(name, 0) + data.numel() * data.element_size()
+        return out
+
+    @property
+    def output_projection_format(self) -> str:
+        """The output projection's format ("q6_k"; "q8_0+q6_k" where its row groups differ) or
+        dtype ("bfloat16")."""
+        w = self.lm_head
+        if isinstance(w, QuantizedWeight):
+            return "+".join(dict.fromkeys(w.formats))
+        return str(w.dtype).removeprefix("torch.")
+
+    @property
     def decode_weight_bytes(self) -> int:
         """The weight bytes a one-token forward reads: every layer's weights and the head (of
         the embedding, only the token's row)."""
