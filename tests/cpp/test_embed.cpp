@@ -208,6 +208,9 @@ TEST(quantization_options_reach_the_engine) {
   o.quantize_lm_head = true;
   o.lm_head_quantization = "q4_0";
   pe::Engine quantized(o);
+  const std::string report = quantized.startup_report_json();  // what the engine made of the options
+  CHECK(report.find("\"source\": \"quantized at load\"") != std::string::npos);
+  CHECK(report.find("\"output_projection\": \"q4_0\"") != std::string::npos);
   const int64_t id = quantized.add_request("The \"for\" statement", greedy(6));
   pe::Output last;
   while (quantized.has_unfinished())

@@ -346,6 +346,19 @@ class Engine {
     return call("stats", [&] { return (*engine_).attr("stats")().cast<std::map<std::string, int64_t>>(); });
   }
 
+  // pyengine's Engine.startup_report() as JSON text: the start-up phases, the KV capacity, the
+  // CPU kernels' level, what the weights are (source, bytes by format, output projection), ...
+  // (values JSON cannot hold, such as a path, as their text).
+  std::string startup_report_json() {
+    return call("startup_report_json", [&] {
+      pybind11::object report = (*engine_).attr("startup_report")();
+      pybind11::module_ json = pybind11::module_::import("json");
+      pybind11::dict kw;
+      kw["default"] = pybind11::module_::import("builtins").attr("str");
+      return json.attr("dumps")(report, **kw).cast<std::string>();
+    });
+  }
+
   // Releases the model and the KV pool (also done by the destructor); later calls throw.
   void close() {
     call("close", [&] {
