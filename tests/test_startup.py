@@ -175,3 +175,24 @@ def test_bad_kv_cache_configs_are_named():
         KvCacheConfig(free_memory_fraction=1.5)
     with pytest.raises(ValueError, match="max_memory_bytes must be a positive int or None, got 0"):
         KvCacheConfig(max_memory_bytes=0)
+
+
+def test_start_up_returns_the_freed_heap_last(llama_dir, monkeypatch):
+    """A CPU engine's start-up ends by handing glibc's free heap pages back (malloc_trim): after
+    every phase, so that what the KV capacity probe's and the step cost model's dummy batches
+    freed is not left counted in the process's resident memory."""
+    calls = []
+    real = engine_module.release_free_heap
+    monkeypatch.setattr(engine_module, "release_free_heap", lambda: calls.append(len(phases_seen)) or real())
+    phases_seen: list = []
+    real_phase = engine_module._phase
+
+    def phase(phases, name):
+        phases_seen.append(name)
+        return real_phase(phases, name)
+
+    monkeypatch.setattr(engine_module, "_phase", phase)
+    engine = small(llama_dir)
+    assert phases_seen == [p["name"] for p in engine.startup_report()["phases"]]
+    assert calls == [len(phases_seen)]  # a float model: once, after the last phase
+    engine.shutdown()
