@@ -266,8 +266,9 @@ def pyengine_prefill_rate(engine, prompt: list[int]) -> float:
 def single_stream_engine(model_dir: Path, dtype: str, quantization: str | None = None, max_seq_len: int = 512,
                          max_num_tokens: int = 512, lm_head_quantization: str | None = None):
     """As bench/latency.py (W2) builds it; ``quantization``: quantize the weights at load
-    (dtype must then be float32), the output projection in ``lm_head_quantization`` if given. Longer prompts than W2's need a larger ``max_seq_len``
-    (prompt + generated tokens) and ``max_num_tokens`` (a prompt in one step)."""
+    (dtype must then be float32), the output projection in ``lm_head_quantization`` if given.
+    Longer prompts than W2's need a larger ``max_seq_len`` (prompt + generated tokens) and
+    ``max_num_tokens`` (a prompt in one step)."""
     from pyengine import Engine, KvCacheConfig, SchedulerConfig
 
     return Engine(model_dir, dtype=dtype, max_seq_len=max_seq_len, quantization=quantization,
@@ -589,9 +590,8 @@ def main(argv: list[str] | None = None) -> int:
           f"built for {level or 'this CPU'}), "
           f"{lc.stamp.get('compiler') or 'compiler unknown'}, built in {lc.stamp.get('build_seconds', '?')} s")
     print(f"  model: {args.model} {model_dir}; GGUF " + ", ".join(
-        f"{p.name} {conversions[llamacpp_build.quantized_key(t, args.output_tensor_type)]['bytes'] / 1e6:.0f} MB "
-        f"(made in {conversions[llamacpp_build.quantized_key(t, args.output_tensor_type)]['seconds']} s)"
-        for t, p in ggufs.items()))
+        f"{p.name} {c['bytes'] / 1e6:.0f} MB (made in {c['seconds']} s)" for p, c in
+        ((p, conversions[llamacpp_build.quantized_key(t, args.output_tensor_type)]) for t, p in ggufs.items())))
 
     results, memory, mixtures = {}, {}, {}
     for dtype in args.dtypes:
