@@ -221,6 +221,27 @@ def test_gguf_tensor_types(tmp_path):
     assert llamacpp_build.gguf_tensor_types(path) == {"F32": 2, "Q8_0": 1}
 
 
+def _cached_f32_gguf(tmp_path: Path, config: dict) -> tuple:
+    """(checkpoint, LlamaCpp, GGUF folder) of a checkpoint with `config` whose f32 GGUF file is
+    already converted and cached (a few bytes standing for it), and an empty build's bin folder."""
+    import json
+
+    from bench.common import checkpoints
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(config))
+    build = tmp_path / "build"
+    (build / "bin").mkdir(parents=True)
+    lc = llamacpp_build.LlamaCpp("0", "0", None, tmp_path / "tree", build)
+    folder = lc.gguf_root / f"m-{checkpoints.checkpoint_digest(ckpt)[:16]}"
+    folder.mkdir(parents=True)
+    (folder / "model-f32.gguf").write_bytes(b"GGUF f32")
+    (folder / "conversions.json").write_text(json.dumps({"f32": {"scheme": llamacpp_build.CONVERT_SCHEME,
+                                                                  "seconds": 1, "bytes": 8}}))
+    return ckpt, lc, folder
+
+
 def test_quantized_gguf_files_are_made_from_f32_and_cached(tmp_path):
     """gguf_files runs llama-quantize on the cached f32 file once per format, and again when the
     f32 file changes (a fake llama-quantize that copies its input and counts its calls)."""
@@ -228,23 +249,11 @@ def test_quantized_gguf_files_are_made_from_f32_and_cached(tmp_path):
     import os
     import stat
 
-    from bench.common import checkpoints
-
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    (ckpt / "config.json").write_text("{}")
-    build = tmp_path / "build"
-    (build / "bin").mkdir(parents=True)
+    ckpt, lc, folder = _cached_f32_gguf(tmp_path, {})
     calls = tmp_path / "calls.txt"
-    tool = build / "bin" / "llama-quantize"
+    tool = lc.build_dir / "bin" / "llama-quantize"
     tool.write_text(f"#!/bin/sh\necho \"$3 $4\" >> {calls}\ncp \"$1\" \"$2\"\n")
     tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
-    lc = llamacpp_build.LlamaCpp("0", "0", None, tmp_path / "tree", build)
-    folder = lc.gguf_root / f"m-{checkpoints.checkpoint_digest(ckpt)[:16]}"
-    folder.mkdir(parents=True)
-    (folder / "model-f32.gguf").write_bytes(b"GGUF f32")
-    (folder / "conversions.json").write_text(json.dumps({"f32": {"scheme": llamacpp_build.CONVERT_SCHEME,
-                                                                  "seconds": 1, "bytes": 8}}))
     out = llamacpp_build.gguf_files(lc, ckpt, "m", ["q4_k_m", "q8_0"], log=lambda m: None, threads=3)
     assert list(out) == ["q4_k_m", "q8_0"]
     assert out["q4_k_m"] == folder / "model-q4_k_m.gguf" and out["q4_k_m"].read_bytes() == b"GGUF f32"
@@ -277,21 +286,9 @@ def test_an_output_tensor_type_makes_files_of_its_own(tmp_path, tied, flag):
     beside the plain quantized file; float files are shared."""
     import json
 
-    from bench.common import checkpoints
-
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    (ckpt / "config.json").write_text(json.dumps({"tie_word_embeddings": tied}))
-    build = tmp_path / "build"
-    (build / "bin").mkdir(parents=True)
+    ckpt, lc, folder = _cached_f32_gguf(tmp_path, {"tie_word_embeddings": tied})
     calls = tmp_path / "calls.txt"
-    _fake_quantize_tool(build, calls)
-    lc = llamacpp_build.LlamaCpp("0", "0", None, tmp_path / "tree", build)
-    folder = lc.gguf_root / f"m-{checkpoints.checkpoint_digest(ckpt)[:16]}"
-    folder.mkdir(parents=True)
-    (folder / "model-f32.gguf").write_bytes(b"GGUF f32")
-    (folder / "conversions.json").write_text(json.dumps({"f32": {"scheme": llamacpp_build.CONVERT_SCHEME,
-                                                                  "seconds": 1, "bytes": 8}}))
+    _fake_quantize_tool(lc.build_dir, calls)
     out = llamacpp_build.gguf_files(lc, ckpt, "m", ["f32", "q4_0"], log=lambda m: None, threads=2,
                                     output_type="q4_0")
     assert out == {"f32": folder / "model-f32.gguf", "q4_0": folder / "model-q4_0.output-q4_0.gguf"}
