@@ -18,9 +18,10 @@ of --repeats):
 - memory:  pyengine's resident memory after loading (a fresh process each; bench/memory.py)
            and llama.cpp's peak RSS (llama-bench -p 0 -n 1), next to the weights' bytes
 
-Quantized formats (--dtypes q8_0,q4_0,q4_k): pyengine quantizes the checkpoint at load
-(Engine(..., dtype="float32", quantization=fmt), q4_k as "q4_k_m"); llama.cpp runs the f32 GGUF
-quantized by llama-quantize to Q8_0, Q4_0 and Q4_K_M. The tensor types of each side are printed.
+Quantized formats (--dtypes q8_0,q4_0,q4_k,q5_k): pyengine quantizes the checkpoint at load
+(Engine(..., dtype="float32", quantization=fmt), q4_k as "q4_k_m", q5_k as "q5_k_m"); llama.cpp
+runs the f32 GGUF quantized by llama-quantize to Q8_0, Q4_0, Q4_K_M and Q5_K_M. The tensor types
+of each side are printed.
 --output-tensor-type FMT gives both sides' output projection that format instead of llama-quantize's
 Q6_K (pyengine: lm_head_quantization=FMT; llama-quantize: --output-tensor-type, or
 --token-embedding-type for a model that ties it to the embedding table).
@@ -59,10 +60,12 @@ from bench.common import (BENCH_MODELS, BENCH_THREADS, RunResult, add_emulate_cp
                           quiet_transformers, set_threads, w1_requests, w2_request)
 
 # The dtypes and quantized formats compared: the GGUF file llama.cpp runs for each ...
-GGUF_TYPE = {"float32": "f32", "bfloat16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m"}
-QUANTIZED = ("q8_0", "q4_0", "q4_k")  # pyengine: Engine(..., dtype="float32", quantization=PYENGINE_QUANT[fmt])
-# q4_k: pyengine's q4_k_m, llama.cpp's Q4_K_M mixture (Q6_K for some layers' v and down projections)
-PYENGINE_QUANT = {"q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m"}
+GGUF_TYPE = {"float32": "f32", "bfloat16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m",
+             "q5_k": "q5_k_m"}
+QUANTIZED = ("q8_0", "q4_0", "q4_k", "q5_k")  # pyengine: Engine(..., dtype="float32", quantization=PYENGINE_QUANT[fmt])
+# q4_k / q5_k: pyengine's q4_k_m / q5_k_m, llama.cpp's Q4_K_M / Q5_K_M mixtures (Q6_K for some
+# layers' v and down projections)
+PYENGINE_QUANT = {"q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m", "q5_k": "q5_k_m"}
 # ... and llama.cpp's KV cache type: as pyengine's (the model's dtype) where the tool allows it:
 # llama-bench has no f32 cache, so its fp32 runs keep its default f16 (one sequence of <= 640 tokens:
 # a few MB of KV). Quantized formats keep llama.cpp's default f16 in both tools (pyengine's default
@@ -71,7 +74,7 @@ KV_TYPE = {"float32": {"bench": "f16", "batched": "f32"}, "bfloat16": {"bench": 
            **{q: {"bench": "f16", "batched": "f16"} for q in QUANTIZED}}
 DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float32": "float32",
                  "bf16": "bfloat16", "bfloat16": "bfloat16",
-                 "q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k", "q4_k_m": "q4_k"}
+                 "q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k", "q4_k_m": "q4_k", "q5_k": "q5_k", "q5_k_m": "q5_k"}
 
 
 def pyengine_dtype(name: str) -> tuple[str, str | None]:
@@ -493,7 +496,7 @@ def parse_dtypes(text: str) -> list[str]:
     for part in text.split(","):
         if part.strip().lower() not in DTYPE_ALIASES:
             raise argparse.ArgumentTypeError(f"unknown dtype or format {part!r} (float32/fp32, bfloat16/bf16, "
-                                             "q8_0, q4_0, q4_k/q4_k_m)")
+                                             "q8_0, q4_0, q4_k/q4_k_m, q5_k/q5_k_m)")
         out.append(DTYPE_ALIASES[part.strip().lower()])
     return list(dict.fromkeys(out))
 
@@ -501,7 +504,7 @@ def parse_dtypes(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtypes", type=parse_dtypes, default=["float32", "bfloat16"],
-                   help="comma-separated: float32,bfloat16,q8_0,q4_0,q4_k (default float32,bfloat16)")
+                   help="comma-separated: float32,bfloat16,q8_0,q4_0,q4_k,q5_k (default float32,bfloat16)")
     p.add_argument("--model", choices=list(BENCH_MODELS), default="smollm-135m-shape",
                    help="the benchmark model (default %(default)s)")
     p.add_argument("--pp", type=int, default=None,
@@ -542,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_memory and args.memory_only:
         p.error("--no-memory and --memory-only exclude each other")
     if args.output_tensor_type and not any(d in QUANTIZED for d in args.dtypes):
-        p.error("--output-tensor-type needs a quantized format among --dtypes (q8_0, q4_0, q4_k)")
+        p.error("--output-tensor-type needs a quantized format among --dtypes (q8_0, q4_0, q4_k, q5_k)")
     sizes = sizes_for(args.model, args.quick, args.pp, args.tg_prompt)
     emulate_cpu_level(args.emulate_cpu)
     try:

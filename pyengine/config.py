@@ -173,7 +173,7 @@ def quantization_name(value: str) -> str:
     try:
         return quant_format(value).name
     except ValueError as e:
-        raise ValueError(f"{e}; or the mixture {', '.join(MIXTURES)}") from None
+        raise ValueError(f"{e}; or a mixture: {', '.join(MIXTURES)}") from None
 
 
 SPECULATIVE_METHODS = ("ngram", "draft_model")

@@ -305,7 +305,7 @@ def test_an_output_tensor_type_makes_files_of_its_own(tmp_path, tied, flag):
     assert calls.read_text().splitlines()[1] == f"{src} {folder / '.model-q4_0.gguf.tmp'} Q4_0 2"
     llamacpp_build.gguf_files(lc, ckpt, "m", ["q4_0"], log=lambda m: None, output_type="q4_0")
     assert len(calls.read_text().splitlines()) == 2  # cached
-    with pytest.raises(ValueError, match="output tensor type 'q3_k': not one of q8_0, q5_0, q4_0, q4_k, q6_k"):
+    with pytest.raises(ValueError, match="output tensor type 'q3_k': not one of q8_0, q5_0, q5_1, q4_0, q4_k, q5_k, q6_k"):
         llamacpp_build.gguf_files(lc, ckpt, "m", ["q8_0"], log=lambda m: None, output_type="q3_k")
 
 

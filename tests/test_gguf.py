@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 
 gguf = pytest.importorskip("gguf")
 
+from gguf_blocks import assert_file_holds_quantize_on_load_blocks  # noqa: E402
 from pyengine import Engine, KvCacheConfig, SamplingParams, SchedulerConfig, StartupError  # noqa: E402
 from pyengine.gguf import load_tokenizer, load_weights, model_config, read_header  # noqa: E402
 from pyengine.gguf.weights import unpermute_rows  # noqa: E402
@@ -26,7 +27,6 @@ from pyengine.layers.rotary import rope_inv_freq  # noqa: E402
 from pyengine.models import LlamaFamilyModel, ModelConfig  # noqa: E402
 from pyengine.models.loader import load_tensors  # noqa: E402
 from pyengine.quant import QuantizedWeight  # noqa: E402
-from pyengine.quant.on_load import QuantPlan  # noqa: E402
 from pyengine.testing.checkpoints import CORPUS, llama3_rope_scaling  # noqa: E402
 from pyengine.testing.gguf_export import export_gguf, permute_qk  # noqa: E402
 
@@ -34,7 +34,7 @@ from pyengine.testing.gguf_export import export_gguf, permute_qk  # noqa: E402
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2, num_layers=2)
 PROMPTS: list[Any] = [[5, 9, 44, 71, 100, 3, 8], list(range(10, 70)), "The lighthouse keeper wrote"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-SUPPORTED = "F32, F16, BF16, Q8_0, Q5_0, Q4_0, Q4_K, Q6_K"
+SUPPORTED = "F32, F16, BF16, Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q5_K, Q6_K"
 
 
 def make_engine(model: Path, **kw: Any) -> Engine:
@@ -161,27 +161,14 @@ def test_unpermute_undoes_the_converters_permutation():
     ("llama", "q4_k", {"q4_k", "q6_k"}),
     ("qwen3", "q4_k", {"q4_k", "q6_k"}),            # tied: the embedding table is the output, Q6_K
     ("llama_ffn640", "q4_k", {"q4_k", "q5_0", "q6_k"}),  # llama.cpp's fallback for rows of 640
+    ("llama_ffn640", "q5_k", {"q5_k", "q5_1", "q6_k"}),  # Q5_K's: Q5_1
 ])
 def test_quantized_gguf_holds_the_blocks_of_quantize_on_load(ckpt, gguf_file, model_type, fmt, formats):
     """Every tensor loads byte for byte as Engine(hf_dir, quantization=fmt) quantizes it (llama's
     q/k rows un-permuted inside their blocks), and the greedy tokens are the same."""
     model_dir = ckpt[model_type]
     path = gguf_file(model_dir, fmt)
-    header = read_header(path)
-    config = model_config(header)
-    names, optional = LlamaFamilyModel.weight_names(config)
-    ours = load_weights(header, config, names, torch.float32, optional)
-    plan = QuantPlan.create(fmt, config.tie_word_embeddings)
-    theirs = load_tensors(model_dir, names, torch.float32, optional, convert=plan.convert)
-    assert ours.keys() == theirs.keys()
-    seen = set()
-    for name, w in theirs.items():
-        if isinstance(w, QuantizedWeight):
-            assert isinstance(ours[name], QuantizedWeight) and ours[name].formats == w.formats, name
-            assert all(torch.equal(a, b) for (_, a), (_, b) in zip(ours[name].parts, w.parts)), name
-            seen.update(w.formats)
-        else:
-            assert torch.equal(ours[name], w), name
+    seen = assert_file_holds_quantize_on_load_blocks(path, model_dir, fmt)
     assert seen == formats
     assert greedy(path) == greedy(model_dir, quantization=fmt)
 
@@ -313,9 +300,9 @@ def test_chat_template_comes_from_the_file_not_its_neighbours(ckpt, tmp_path):
 # ---- (e) what is refused, and damaged files ---------------------------------------------------------
 
 def test_unsupported_tensor_type_is_named(ckpt, gguf_file):
-    path = gguf_file(ckpt["llama"], "q8_0", tensor_types={"blk.1.ffn_down.weight": "Q5_1"})
+    path = gguf_file(ckpt["llama"], "q8_0", tensor_types={"blk.1.ffn_down.weight": "Q4_1"})
     message = startup_error(path, "weights")
-    assert (f"GGUF file {str(path)!r}: tensor 'blk.1.ffn_down.weight' has type Q5_1, which pyengine does not "
+    assert (f"GGUF file {str(path)!r}: tensor 'blk.1.ffn_down.weight' has type Q4_1, which pyengine does not "
             f"read; supported: {SUPPORTED}") in message
 
 

@@ -1,5 +1,5 @@
 """GGUF files made by llama.cpp's own tools from a tiny checkpoint -- its converter
-(convert_hf_to_gguf.py) and llama-quantize (Q8_0, Q4_0, Q4_K_M) -- load in pyengine and decode,
+(convert_hf_to_gguf.py) and llama-quantize (Q8_0, Q4_0, Q4_K_M, Q5_K_M) -- load in pyengine and decode,
 greedy, the tokens llama.cpp decodes from them (bench/cpp/llamacpp_greedy.cpp: greedy decoding
 through llama.cpp's C API, printing each token's id and how near a tie it was).
 
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from gguf_blocks import assert_file_holds_quantize_on_load_blocks
 from hf_reference import quantized_hf_model, quantized_teacher_forced_gaps
 import pyengine.core._core as _core
 from pyengine import Engine, KvCacheConfig, SamplingParams
@@ -37,7 +38,7 @@ from bench import llamacpp_build  # noqa: E402
 
 # llama-quantize's type -> the GGUF file's name in llamacpp_build, also pyengine's quantization= of
 # the same mixture
-TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K_M": "q4_k_m"}
+TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K_M": "q4_k_m", "Q5_K_M": "q5_k_m"}
 GENERATED = 24
 F16_KV = KvCacheConfig(dtype="float16")  # llama.cpp's default cache (and pyengine's for quantized weights)
 
@@ -111,6 +112,16 @@ def llama_cpp_greedy(tool: Path, model: Path, prompt: list[int], n: int) -> list
                         f"{-bench.returncode} too, with and without repacking): no reference to compare with")
     assert r.returncode == 0, r.stderr[-2000:]
     return [(int(a), float(b)) for a, b in (line.split() for line in r.stdout.splitlines())]
+
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+def test_llama_quantize_files_hold_the_blocks_of_quantize_on_load(gguf_files, checkpoint, qtype):
+    """Every tensor of llama-quantize's file has the type and, byte for byte, the blocks that
+    Engine(checkpoint, quantization=...) makes of the checkpoint: pyengine's mixtures follow
+    llama.cpp's rules and its quantizers are llama.cpp's reference ones."""
+    formats = assert_file_holds_quantize_on_load_blocks(gguf_files[qtype], checkpoint, TYPES[qtype])
+    assert formats == {"Q8_0": {"q8_0"}, "Q4_0": {"q4_0", "q6_k"}, "Q4_K_M": {"q4_k", "q6_k"},
+                       "Q5_K_M": {"q5_k", "q6_k"}}[qtype]
 
 
 def test_float_file_gives_llama_cpps_tokens_exactly(llama_cpp, gguf_files):

@@ -53,7 +53,7 @@ def check_greedy_against_reference(engine: Engine, model_dir) -> None:
     check_greedy_near_reference(engine, reference, float_acts, prompts(8), 24)
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q5_k", "q5_1"])
 def test_quantized_greedy_matches_transformers_with_the_same_quantization(fmt, llama_q_dir, quant_cpu_isa):
     engine = Engine(llama_q_dir, quantization=fmt, kv_cache_config=FP32_KV)
     check_greedy_against_reference(engine, llama_q_dir)
@@ -161,6 +161,12 @@ def test_plan_follows_llama_cpp_rules(checkpoint_factory, llama_q_dir):
     assert report["model.embed_tokens.weight"] == "q5_0"
     assert engine._parts.quant_plan.summary() == {"q5_0": 13, "q8_0": 1, "q4_k": 2}
     engine.shutdown()
+    engine = Engine(odd, quantization="q5_k")  # Q5_K falls back to Q5_1
+    report = engine._parts.quant_plan.report
+    assert report["model.layers.0.self_attn.q_proj.weight"] == "q5_1 (rows of 96 weights)"
+    assert report["model.layers.0.mlp.down_proj.weight"] == "q5_k"
+    assert engine._parts.quant_plan.summary() == {"q5_1": 13, "q8_0": 1, "q5_k": 2}
+    engine.shutdown()
 
 
 def test_quantize_lm_head_false_keeps_embeddings_float(llama_q_dir):
@@ -187,8 +193,9 @@ def test_no_float_copy_of_quantized_weights(llama_q_dir):
 
 
 @pytest.mark.parametrize("kwargs,phase,message", [
-    (dict(quantization="q5_1"), "config",
-     "unsupported quantization format 'q5_1'; supported: q8_0, q5_0, q4_0, q4_k, q6_k, q4_z"),
+    (dict(quantization="q4_1"), "config",
+     "unsupported quantization format 'q4_1'; supported: q8_0, q5_0, q5_1, q4_0, q4_k, q5_k, q6_k, q4_z; or a "
+     "mixture: q4_k_m, q5_k_m"),
     (dict(quantization="q4_0", dtype="bfloat16"), "config",
      "quantization='q4_0' computes with float32 activations on the CPU: dtype must be 'float32', got torch.bfloat16"),
     (dict(quantization="q4_0", quantize_lm_head="yes"), "config", "quantize_lm_head must be a bool, got 'yes'"),
@@ -199,8 +206,9 @@ def test_no_float_copy_of_quantized_weights(llama_q_dir):
      "lm_head_quantization='q4_0' needs quantization=: it chooses the output projection's format"),
     (dict(quantization="q4_0", quantize_lm_head=False, lm_head_quantization="q8_0"), "config",
      "lm_head_quantization='q8_0' and quantize_lm_head=False exclude each other"),
-    (dict(quantization="q4_0", lm_head_quantization="q5_1"), "config",
-     "lm_head_quantization: unsupported quantization format 'q5_1'; supported: q8_0, q5_0, q4_0, q4_k, q6_k, q4_z"),
+    (dict(quantization="q4_0", lm_head_quantization="q4_1"), "config",
+     "lm_head_quantization: unsupported quantization format 'q4_1'; supported: q8_0, q5_0, q5_1, q4_0, q4_k, q5_k, "
+     "q6_k, q4_z"),
 ])
 def test_bad_quantization_arguments(llama_q_dir, kwargs, phase, message):
     with pytest.raises(StartupError) as e:
@@ -232,20 +240,22 @@ def test_the_float_checkpoint_is_not_kept_mapped(llama_q_dir):
     assert len(out[0].token_ids) == 2
 
 
-def test_q4_k_m_is_llama_cpps_mixture(checkpoint_factory):
-    """q4_k_m: Q4_K, with the v and down projections of llama.cpp's use_more_bits layers (the first
-    and last eighth, every third between: 0, 3, 6, 7 of 8) in Q6_K, the output projection Q6_K.
-    (Checked against llama-quantize's Q4_K_M file of such a model: the same bytes.)"""
+@pytest.mark.parametrize("mixture,base", [("Q4_K_M", "q4_k"), ("q5_k_m", "q5_k")])
+def test_k_m_mixtures_are_llama_cpps(checkpoint_factory, mixture, base):
+    """q4_k_m / q5_k_m: Q4_K / Q5_K, with the v and down projections of llama.cpp's use_more_bits
+    layers (the first and last eighth, every third between: 0, 3, 6, 7 of 8) in Q6_K, the output
+    projection Q6_K. (Checked against llama-quantize's Q4_K_M file of such a model: the same
+    bytes; test_gguf_llamacpp compares llama-quantize's Q5_K_M file's tokens.)"""
     model_dir = checkpoint_factory("llama_q_8layers", model_type="llama", hidden_size=256, intermediate_size=512,
                                    num_heads=4, num_kv_heads=2, num_layers=8)
-    engine = Engine(model_dir, quantization="Q4_K_M", kv_cache_config=FP32_KV)
+    engine = Engine(model_dir, quantization=mixture, kv_cache_config=FP32_KV)
     report = engine._parts.quant_plan.report
     more = {0, 3, 6, 7}
     for i in range(8):
-        wide = "q6_k" if i in more else "q4_k"
+        wide = "q6_k" if i in more else base
         assert report[f"model.layers.{i}.self_attn.v_proj.weight"] == wide
         assert report[f"model.layers.{i}.mlp.down_proj.weight"] == wide
-        assert report[f"model.layers.{i}.self_attn.q_proj.weight"] == "q4_k"
-        assert engine._runner.model.layers[i]["qkv"].formats == (["q4_k", "q6_k"] if i in more else ["q4_k"])
+        assert report[f"model.layers.{i}.self_attn.q_proj.weight"] == base
+        assert engine._runner.model.layers[i]["qkv"].formats == ([base, "q6_k"] if i in more else [base])
     assert report["lm_head.weight"] == "q6_k"
     check_greedy_against_reference(engine, model_dir)

@@ -15,10 +15,11 @@ from pyengine.quant import QUANT_FORMATS, QuantizedWeight, quant_format
 from pyengine.quant.formats import INTERLEAVED_LAYOUTS
 
 U = 2.0 ** -24  # fp32 unit roundoff
-FORMATS = list(QUANT_FORMATS)  # q8_0, q5_0, q4_0, q4_k, q6_k, q4_z
+FORMATS = list(QUANT_FORMATS)  # q8_0, q5_0, q5_1, q4_0, q4_k, q5_k, q6_k, q4_z
 X8 = list(INTERLEAVED_LAYOUTS)  # the formats with an interleaved layout: q8_0, q4_0, q4_k, q6_k, q4_z
-GGUF_TYPE = {"q8_0": GGMLQuantizationType.Q8_0, "q5_0": GGMLQuantizationType.Q5_0, "q4_0": GGMLQuantizationType.Q4_0,
-             "q4_k": GGMLQuantizationType.Q4_K, "q6_k": GGMLQuantizationType.Q6_K}
+GGUF_TYPE = {"q8_0": GGMLQuantizationType.Q8_0, "q5_0": GGMLQuantizationType.Q5_0, "q5_1": GGMLQuantizationType.Q5_1,
+             "q4_0": GGMLQuantizationType.Q4_0, "q4_k": GGMLQuantizationType.Q4_K, "q5_k": GGMLQuantizationType.Q5_K,
+             "q6_k": GGMLQuantizationType.Q6_K}
 
 
 def weights(n: int, k: int, seed: int) -> torch.Tensor:
@@ -71,10 +72,21 @@ def test_activation_blocks_are_the_same_bytes_at_every_level(block, cpu_isa):
         assert np.array_equal(got[..., 36:].view(np.int8), q)
 
 
-def q4_k_offsets(data: np.ndarray, k: int) -> np.ndarray:
-    """|dmin * m| per weight of Q4_K rows (the sub-block offsets the kernel subtracts apart from
-    the scaled levels), fp64 [N, K]."""
-    blocks = data.reshape(data.shape[0], k // 256, 144)
+def level_offsets(fmt: str, data: np.ndarray, k: int) -> np.ndarray | None:
+    """|the offset| per weight of rows whose blocks add one apart from their scaled levels (Q4_K
+    and Q5_K: dmin * m per sub-block; Q5_1: m per block), fp64 [N, K]; None for other formats."""
+    if fmt in ("q4_k", "q5_k"):
+        return k_quant_offsets(data, k, 144 if fmt == "q4_k" else 176)
+    if fmt == "q5_1":
+        m = data.reshape(data.shape[0], k // 32, 24)[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+        return np.repeat(np.abs(m), 32, axis=-1).reshape(data.shape[0], k)
+    return None
+
+
+def k_quant_offsets(data: np.ndarray, k: int, block_bytes: int) -> np.ndarray:
+    """|dmin * m| per weight of Q4_K / Q5_K rows (the sub-block offsets the kernel subtracts apart
+    from the scaled levels), fp64 [N, K]."""
+    blocks = data.reshape(data.shape[0], k // 256, block_bytes)
     dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
     s = blocks[..., 4:16].astype(np.int64)
     mins = np.empty(blocks.shape[:2] + (8,), dtype=np.float64)
@@ -87,13 +99,14 @@ def q4_k_offsets(data: np.ndarray, k: int) -> np.ndarray:
 
 def test_formats_are_llama_cpps():
     assert {f.name: (f.type_id, f.block_elems, f.block_bytes) for f in QUANT_FORMATS.values()} == {
-        "q8_0": (8, 32, 34), "q5_0": (6, 32, 22), "q4_0": (2, 32, 18), "q4_k": (12, 256, 144),
-        "q6_k": (14, 256, 210), "q4_z": (100, 32, 20)}
+        "q8_0": (8, 32, 34), "q5_0": (6, 32, 22), "q5_1": (7, 32, 24), "q4_0": (2, 32, 18), "q4_k": (12, 256, 144),
+        "q5_k": (13, 256, 176), "q6_k": (14, 256, 210), "q4_z": (100, 32, 20)}
     for name, t in GGUF_TYPE.items():
         assert gguf_quants.GGML_QUANT_SIZES[t] == (QUANT_FORMATS[name].block_elems, QUANT_FORMATS[name].block_bytes)
     assert quant_format("Q4_K") is QUANT_FORMATS["q4_k"] and quant_format(14) is QUANT_FORMATS["q6_k"]
-    with pytest.raises(ValueError, match=r"unsupported quantization format 'q5_1'; supported: q8_0, q5_0, q4_0, q4_k, q6_k, q4_z"):
-        quant_format("q5_1")
+    with pytest.raises(ValueError, match=r"unsupported quantization format 'q4_1'; supported: q8_0, q5_0, q5_1, q4_0, q4_k, "
+                                         r"q5_k, q6_k, q4_z"):
+        quant_format("q4_1")
     with pytest.raises(ValueError, match=r"q4_k rows must hold a positive multiple of 256 weights, got 576"):
         QUANT_FORMATS["q4_k"].row_bytes(576)
 
@@ -107,23 +120,24 @@ def test_dequantize_matches_gguf(fmt):
     assert np.array_equal(q.dequantize().numpy(), ref)
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q5_0", "q4_0"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q5_0", "q5_1", "q4_0"])
 def test_quantize_matches_gguf_bit_for_bit(fmt):
-    """gguf-py's Q8_0 / Q5_0 / Q4_0 quantizers are llama.cpp's reference ones in numpy."""
+    """gguf-py's Q8_0 / Q5_0 / Q5_1 / Q4_0 quantizers are llama.cpp's reference ones in numpy."""
     w = weights(7, 1024, seed=2)
     w[2, 64:96] = torch.arange(32) / 4.0 - 4.0  # exact ties of the rounding
     q = QuantizedWeight.quantize(w, fmt)
     assert np.array_equal(q.parts[0][1].numpy(), gguf_quants.quantize(w.numpy(), GGUF_TYPE[fmt]))
 
 
-@pytest.mark.parametrize("fmt,max_rel_rmse", [("q8_0", 0.007), ("q5_0", 0.05), ("q4_0", 0.1), ("q4_k", 0.09),
-                                               ("q6_k", 0.022), ("q4_z", 0.1)])
+@pytest.mark.parametrize("fmt,max_rel_rmse", [("q8_0", 0.007), ("q5_0", 0.05), ("q5_1", 0.045), ("q4_0", 0.1),
+                                               ("q4_k", 0.09), ("q5_k", 0.045), ("q6_k", 0.022), ("q4_z", 0.1)])
 def test_quantization_error_is_that_of_the_format(fmt, max_rel_rmse):
     """Round-to-nearest error per format on Gaussian weights: about step / sqrt(12) with step =
     E[max|w| of a block] / (levels / 2), i.e. 0.0047 sigma for Q8_0 (32 weights, 255 levels),
     0.037 for Q5_0 (32 levels), 0.075 for Q4_0 (16 levels), 0.016 for Q6_K (16 weights, 64
-    levels), 0.079 for Q4_Z (asymmetric, 16 levels over the block's range); Q4_K's searched
-    asymmetric grids land below Q4_0's. An all-zero block stays zero."""
+    levels), 0.079 for Q4_Z (asymmetric, 16 levels over the block's range), 0.038 for Q5_1 (32
+    levels over the block's range); Q4_K's and Q5_K's searched asymmetric grids land below Q4_0's
+    and Q5_0's. An all-zero block stays zero."""
     w = weights(16, 1024, seed=3)
     dq = QuantizedWeight.quantize(w, fmt).dequantize()
     normal = torch.ones_like(w, dtype=torch.bool)
@@ -152,10 +166,11 @@ def check_linear(q: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None 
     b = np.zeros(q.n) if bias is None else bias.double().numpy()
     exact = qx @ wd.T + b
     # integer block sums are exact; per block two products and a conversion round, then one
-    # addition per block; Q4_K sums its scaled levels and its offsets apart
+    # addition per block; Q4_K, Q5_K and Q5_1 sum their scaled levels and their offsets apart
     terms = np.abs(qx) @ np.abs(wd).T + np.abs(b)
-    if fmt.name == "q4_k":
-        terms += 2 * np.abs(qx) @ q4_k_offsets(q.plain().parts[0][1].numpy(), q.k).T  # |d sc q| <= |w| + |off|
+    offsets = level_offsets(fmt.name, q.plain().parts[0][1].numpy(), q.k)
+    if offsets is not None:
+        terms += 2 * np.abs(qx) @ offsets.T  # |d sc q| <= |w| + |off|
     nb = q.k // block
     gamma = (nb + 6) * U / (1 - (nb + 6) * U)
     err = np.abs(y.double().numpy() - exact)
@@ -344,9 +359,10 @@ def test_quantized_linear_rejects_bad_input():
         q.linear(torch.zeros(2, 256), torch.zeros(7))
     with pytest.raises(ValueError, match=r"K: q4_k rows must hold a positive multiple of 256 weights, got 96"):
         _core._quant_row_bytes(12, 96)
-    with pytest.raises(ValueError, match=r"unknown quantization type id 7 \(known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k, "
-                                         r"100 = q4_z; interleaved: 202 = q4_0x8, 208 = q8_0x8, 212 = q4_kx8, 214 = q6_kx8, 300 = q4_zx8\)"):
-        _core._quant_format(7)
+    with pytest.raises(ValueError, match=r"unknown quantization type id 3 \(known: 2 = q4_0, 6 = q5_0, 7 = q5_1, 8 = q8_0, "
+                                         r"12 = q4_k, 13 = q5_k, 14 = q6_k, 100 = q4_z; interleaved: 202 = q4_0x8, "
+                                         r"208 = q8_0x8, 212 = q4_kx8, 214 = q6_kx8, 300 = q4_zx8\)"):
+        _core._quant_format(3)
     out = torch.full((2, 256), 7.0)
     ids = torch.tensor([0, 8])
     with pytest.raises(ValueError, match=r"ids\[1\]: 8 is out of range \[0, 8\)"):
@@ -398,8 +414,33 @@ LLAMA_QUANTIZE_Q4_K = (
     "716f4e3c2b0af9e7d6b5a49271605e3d9281605e4d2c1a09f8e7c5b4a382706f4d3c2b09f8e7d6b4a392716f5e3c2b1a")
 
 
-@pytest.mark.parametrize("fmt,expected", [("q6_k", LLAMA_QUANTIZE_Q6_K), ("q4_k", LLAMA_QUANTIZE_Q4_K)])
+# The same rows through llama.cpp's reference quantizers quantize_row_q5_K_ref and
+# quantize_row_q5_1_ref (ggml-quants.c of the same llama.cpp, called from a C program linked
+# with its libggml-base).
+LLAMA_Q5_K = (
+    "52012f0dfffffcfff2fffff2eeef1fac94b5a5adad296b4a5a5252d694b5b5a5ad296b4a4a5a52d69495b5a5ad292b6a"
+    "d0ad8a583503d0ae8b583603e1be9b693613e1be9c694714f2cf9c794724f2cf7b4826f3c0ae7b5826f3d0af8c593704"
+    "d1be8c593604e1bf9d6a4715e2bf9d6a14e1bf9c6a4714f2cf9d7a4725f2c0ad7a5825f3d0ae8b583603d1be8b593604"
+    "be8b693604e1be8b693604f1cf9c7a4714e2cf9c6a4715f2dfad7a5825f3d0ad5201370dfdfffffff3fffef1efad0fdd"
+    "ada92b6b4a5a5256d494b5a5ada9296b4a5a5252d694b5a5a5ad296b4a4a5a524825f3c0ad7b5825f3d0ae8b593604d1"
+    "be8c593604e1bf9c6a4714e2bf9d6a47e1be9c694714e2cf9c7a4724f2cf9d7a4825f3d0ad8a583503d0ae8b593603e1"
+    "8b593604d1be8b593604e1bf9c693714e2cf9c6a4715f2cfad7a4825f3c0ad7b3502d0bd8a583503e0be9b683613e1ce"
+    "9b694614f1ceac794724f2cfac7a5724")
+LLAMA_Q5_1 = (
+    "271519a47ee007fe604d1bf8c5a3704e2bf9c6a3715e2c09271517a5c00ffcc03d1ae8c593604d1bf8c5a3704e2bf9c6"
+    "01150fa51ff8811f1be8c593604d1bf8c5a3704e2bf9c6a3231501a4f8033ff0d7b4826f3c0ae7b592603d1ae8c59360"
+    "2315ffa4037fe007a4815f3c09d7b4826f3c0ae7b592603d2315f7a47ee00ffc715e2c09d6a4815f3c09d7b4826f3c0a"
+    "2315d3a3c00ffc814e2bf9c6a3715e2c09d6a4815f3c09d70115a6a41ff8811f1be8c593604d1bf8c5a3704e2bf9c6a3"
+    "011519a40ffcc00fe8c593604d1bf8c5a3704e2bf9c6a371231517a5fc811ff8b4826f3c0ae7b592603d1ae8c593604d"
+    "23150fa5813ff003815f3c09d7b4826f3c0ae7b592603d1a231501a43ff0077e5e2c09d6a4815f3c09d7b4826f3c0ae7"
+    "2315ffa4e007fec02bf9c6a3715e2c09d6a4815f3c09d7b40115b6a40ffcc00fe8c593604d1bf8c5a3704e2bf9c6a371"
+    "2715e3a3f8811ff8c593604d1bf8c5a3704e2bf9c6a3715e0115f0a4033ff00393604d1bf8c5a3704e2bf9c6a3714e2c")
+
+
+@pytest.mark.parametrize("fmt,expected", [("q6_k", LLAMA_QUANTIZE_Q6_K), ("q4_k", LLAMA_QUANTIZE_Q4_K),
+                                          ("q5_k", LLAMA_Q5_K), ("q5_1", LLAMA_Q5_1)])
 def test_k_quants_equal_llama_quantize_bit_for_bit(fmt, expected):
-    """Q4_K's and Q6_K's scale searches reproduce llama.cpp's reference quantizers exactly."""
+    """Q4_K's, Q5_K's and Q6_K's scale searches (and Q5_1's grid) reproduce llama.cpp's reference
+    quantizers exactly."""
     q = QuantizedWeight.quantize(_golden_rows(), fmt)
     assert q.parts[0][1].numpy().tobytes().hex() == expected

@@ -3,9 +3,9 @@
 - Names: llama.cpp's (token_embd, blk.N.attn_q, ...) <-> Hugging Face's (model.embed_tokens,
   model.layers.N.self_attn.q_proj, ...).
 - Types: F32, F16 and BF16 become float tensors of the model's dtype; the GGML block types
-  pyengine computes with (`quant_types()`: Q8_0, Q5_0, Q4_0, Q4_K, Q6_K) are kept as they are,
-  as `QuantizedWeight`s (the same blocks, byte for byte). Any other type is refused, naming the
-  tensor and the type.
+  pyengine computes with (`quant_types()`: Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q5_K, Q6_K) are kept as
+  they are, as `QuantizedWeight`s (the same blocks, byte for byte). Any other type is refused,
+  naming the tensor and the type.
 - Rows: for the llama architecture, llama.cpp's converter reorders the rows of attn_q and attn_k
   within each head (`LlamaModel.permute` in convert_hf_to_gguf.py: rows 0, d/2, 1, d/2+1, ...,
   so that RoPE can rotate adjacent pairs). pyengine rotates the two halves of a head, as

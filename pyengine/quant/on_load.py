@@ -10,8 +10,9 @@ rules for a model quantized without an importance matrix:
 - norms and biases stay in the model's dtype.
 
 With ``quantize_lm_head=False`` the embedding table and lm_head stay in the model's dtype.
-``"q4_k_m"`` is llama.cpp's Q4_K_M mixture: Q4_K, with the v projection and the MLP's down
-projection of the layers `use_more_bits` picks in Q6_K.
+``"q4_k_m"`` and ``"q5_k_m"`` are llama.cpp's Q4_K_M and Q5_K_M mixtures: Q4_K (Q5_K), with the
+v projection and the MLP's down projection of the layers `use_more_bits` picks in Q6_K.
+(``"q5_k"`` alone is llama.cpp's Q5_K_S.)
 """
 
 from __future__ import annotations
@@ -32,16 +33,17 @@ _EMBED = "model.embed_tokens.weight"
 _LM_HEAD = "lm_head.weight"
 
 # The format a tensor takes when its rows do not fit the requested one (llama.cpp's choices).
-FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0", "q5_0": "q8_0", "q4_0": "q8_0", "q4_z": "q8_0", "q8_0": None}
+FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "q5_0": "q8_0", "q5_1": "q8_0", "q4_0": "q8_0",
+            "q4_z": "q8_0", "q8_0": None}
 
 
 #: quantization methods that are mixtures: name -> its base format
-MIXTURES = {"q4_k_m": "q4_k"}
+MIXTURES = {"q4_k_m": "q4_k", "q5_k_m": "q5_k"}
 
 
 def use_more_bits(layer: int, num_layers: int) -> bool:
-    """llama.cpp's choice of the layers whose v projection and MLP down projection a Q4_K_M model
-    keeps in Q6_K: the first and last eighth of the layers, and every third one between."""
+    """llama.cpp's choice of the layers whose v projection and MLP down projection a Q4_K_M or
+    Q5_K_M model keeps in Q6_K: the first and last eighth of the layers, and every third one between."""
     return layer < num_layers // 8 or layer >= 7 * num_layers // 8 or (layer - num_layers // 8) % 3 == 2
 
 
@@ -52,7 +54,7 @@ class QuantPlan:
     method: QuantFormat
     tied_embeddings: bool
     quantize_lm_head: bool = True
-    # Q4_K_M: some layers' v and down projections in Q6_K (use_more_bits); needs num_layers
+    # Q4_K_M, Q5_K_M: some layers' v and down projections in Q6_K (use_more_bits); needs num_layers
     more_bits: bool = False
     num_layers: int = 0
     # the output projection's format (lm_head, or the embedding table when tied) in place of
@@ -64,7 +66,7 @@ class QuantPlan:
     @classmethod
     def create(cls, method: str, tied_embeddings: bool, quantize_lm_head: bool = True,
                num_layers: int = 0, output_format: str | None = None) -> "QuantPlan":
-        """`method`: a format name, or "q4_k_m" (llama.cpp's Q4_K_M mixture). `output_format`: a
+        """`method`: a format name, or "q4_k_m" / "q5_k_m" (llama.cpp's mixtures). `output_format`: a
         format name for the output projection instead of llama.cpp's choice."""
         output = None if output_format is None else quant_format(output_format).name
         if method in MIXTURES:

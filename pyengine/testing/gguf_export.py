@@ -9,17 +9,17 @@ for the llama architecture, the same tokenizer fields (a byte-level BPE: tokeniz
 
 - ``outtype`` "f32", "f16", "bf16", "q8_0": as the converter's ``--outtype`` (1-D tensors and
   norms F32; Q8_0 through ``gguf.quants.quantize``, llama.cpp's reference quantizer).
-- "q5_0", "q4_0", "q4_k", "q6_k": what ``llama-quantize`` would make of an F32 file, with the
+- "q5_0", "q5_1", "q4_0", "q4_k", "q5_k", "q6_k": what ``llama-quantize`` would make of an F32 file, with the
   per-tensor formats of pyengine's own ``QuantPlan`` (pyengine/quant/on_load.py: linear layers
   in the format or llama.cpp's fallback, the output projection Q6_K), so that the file holds byte
-  for byte the blocks that ``Engine(hf_dir, quantization=...)`` computes. Q8_0, Q5_0 and Q4_0
-  blocks come from ``gguf.quants``; Q4_K and Q6_K (which ``gguf.quants`` cannot quantize) from
-  pyengine's quantizers.
+  for byte the blocks that ``Engine(hf_dir, quantization=...)`` computes. Q8_0, Q5_0, Q5_1 and
+  Q4_0 blocks come from ``gguf.quants``; Q4_K, Q5_K and Q6_K (which ``gguf.quants`` cannot
+  quantize) from pyengine's quantizers.
 - ``tensor_types`` overrides the type of single tensors (GGUF names -> "Q5_0", "F16", ...: any
-  type ``gguf.quants`` quantizes, or Q4_K / Q6_K); ``drop_tensors`` leaves tensors out (tests of
-  damaged files).
+  type ``gguf.quants`` quantizes, or Q4_K / Q5_K / Q6_K); ``drop_tensors`` leaves tensors out
+  (tests of damaged files).
 
-Needs the ``gguf`` package; the q4_0 / q4_k outtypes and Q4_K / Q6_K tensors also need
+Needs the ``gguf`` package; the quantized outtypes but q8_0, and K-quant tensors, also need
 pyengine's compiled core.
 """
 
@@ -35,7 +35,7 @@ import torch
 
 __all__ = ["OUTTYPES", "export_gguf", "permute_qk"]
 
-OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q5_0", "q4_0", "q4_k", "q6_k")
+OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q5_0", "q5_1", "q4_0", "q4_k", "q5_k", "q6_k")
 # Hugging Face model_type -> GGUF architecture (the converter writes Mistral as llama)
 _ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
@@ -153,7 +153,7 @@ def _type_chooser(outtype: str, hparams: dict[str, Any], overrides: dict[str, st
 
     Q = gguf.GGMLQuantizationType
     plan = None
-    if outtype in ("q5_0", "q4_0", "q4_k", "q6_k"):
+    if outtype not in ("f32", "f16", "bf16", "q8_0"):
         from pyengine.quant.on_load import QuantPlan  # needs the compiled core
         plan = QuantPlan.create(outtype, bool(hparams.get("tie_word_embeddings", False)))
 
@@ -176,7 +176,7 @@ def _encode(data: torch.Tensor, qtype: Any) -> np.ndarray:
     """The tensor in `qtype`: floats, or the blocks as uint8 [rows, row bytes]."""
     import gguf
 
-    if qtype.name in ("Q4_K", "Q6_K"):
+    if qtype.name in ("Q4_K", "Q5_K", "Q6_K"):
         from pyengine.quant import QuantizedWeight  # gguf.quants has no K-quant quantizer
         return QuantizedWeight.quantize(data.float(), qtype.name.lower()).parts[0][1].numpy()
     return gguf.quants.quantize(data.numpy(), qtype)
@@ -185,7 +185,8 @@ def _encode(data: torch.Tensor, qtype: Any) -> np.ndarray:
 # ---- metadata -------------------------------------------------------------------------------
 
 _FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0",
-               "q5_0": "MOSTLY_Q5_0", "q4_0": "MOSTLY_Q4_0", "q4_k": "MOSTLY_Q4_K_S", "q6_k": "MOSTLY_Q6_K"}
+               "q5_0": "MOSTLY_Q5_0", "q5_1": "MOSTLY_Q5_1", "q4_0": "MOSTLY_Q4_0", "q4_k": "MOSTLY_Q4_K_S",
+               "q5_k": "MOSTLY_Q5_K_S", "q6_k": "MOSTLY_Q6_K"}
 
 
 def _add_metadata(writer: Any, model_dir: Path, hparams: dict[str, Any], arch: str, outtype: str) -> None:

@@ -23,8 +23,8 @@ using namespace pyengine::kernels;
 
 namespace {
 
-const QuantType kTypes[] = {QuantType::kQ8_0, QuantType::kQ5_0, QuantType::kQ4_0, QuantType::kQ4_K,
-                            QuantType::kQ6_K, QuantType::kQ4_Z};
+const QuantType kTypes[] = {QuantType::kQ8_0, QuantType::kQ5_0, QuantType::kQ5_1, QuantType::kQ4_0,
+                            QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K, QuantType::kQ4_Z};
 
 const QuantType kInterleavable[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_K, QuantType::kQ6_K,
                                     QuantType::kQ4_Z};
@@ -82,12 +82,15 @@ void check_against_reference(QuantType t, int32_t M, int32_t N, int32_t K, std::
   linear_quant(y.data(), N, x.data(), K, M, w.data.data(), lt, N, K, bias.data(), 2);
   const int32_t block = quant_format(t).block_elems;
   const double u = std::ldexp(1.0, -24), gamma = (K / block + 6) * u;
-  // Q4_K subtracts its sub-block offsets (dmin * m) apart from the scaled levels: the rounding
-  // errors scale with |w| + 2 |offset| there. The offsets: the values with every level zeroed.
+  // Q4_K and Q5_K subtract their sub-block offsets (dmin * m), Q5_1 adds its block's m, apart
+  // from the scaled levels: the rounding errors scale with |w| + 2 |offset| there. The offsets:
+  // the values with every level zeroed (the bytes after the block's scales).
   std::vector<float> offsets(w.values.size(), 0.0f);
-  if (t == QuantType::kQ4_K) {
+  const size_t levels_at = t == QuantType::kQ5_1 ? 4 : 16;
+  if (t == QuantType::kQ4_K || t == QuantType::kQ5_K || t == QuantType::kQ5_1) {
+    const size_t block_bytes = quant_format(t).block_bytes;
     std::vector<uint8_t> zeroed = plain;
-    for (size_t b = 0; b < zeroed.size(); b += 144) std::memset(&zeroed[b + 16], 0, 128);
+    for (size_t b = 0; b < zeroed.size(); b += block_bytes) std::memset(&zeroed[b + levels_at], 0, block_bytes - levels_at);
     dequantize_rows(t, zeroed.data(), offsets.data(), N, K);
   }
   for (int32_t m = 0; m < M; ++m)
@@ -121,7 +124,10 @@ TEST(round_trip_error_is_within_the_format_grid) {
     double se = 0, ss = 0;
     for (size_t i = 0; i < w.size(); ++i) se += (q.values[i] - w[i]) * (q.values[i] - w[i]), ss += w[i] * w[i];
     const double rel = std::sqrt(se / ss);
-    const double bound = t == QuantType::kQ8_0 ? 0.007 : t == QuantType::kQ6_K ? 0.022 : t == QuantType::kQ5_0 ? 0.05 : 0.1;
+    const double bound = t == QuantType::kQ8_0 ? 0.007
+                         : t == QuantType::kQ6_K ? 0.022
+                         : t == QuantType::kQ5_0 || t == QuantType::kQ5_1 || t == QuantType::kQ5_K ? 0.05
+                                                                                                   : 0.1;
     CHECK(rel < bound);
   }
 }
@@ -215,7 +221,7 @@ TEST(vnni_gives_the_same_bits) {
     const int32_t N = 24, K = 1024;
     for (QuantType t : kTypes)
       for (bool x8 : {false, true}) {
-        if (x8 && interleaved_type(t) == t) continue;  // no interleaved layout (Q5_0)
+        if (x8 && interleaved_type(t) == t) continue;  // no interleaved layout (Q5_0, Q5_1, Q5_K)
         const Quantized q = quantize(t, gaussian(rng, static_cast<size_t>(N) * K), N, K);
         const std::vector<uint8_t> w = x8 ? interleaved(t, q, N, K) : q.data;
         const QuantType lt = x8 ? interleaved_type(t) : t;
@@ -333,8 +339,9 @@ TEST(argument_errors_name_the_argument) {
   CHECK_THROWS((linear_quant(y.data(), 4, x.data(), 512, 1, w.data(), QuantType::kQ4_0, 8, 512, nullptr, 1)), std::invalid_argument,
                "ldy: must be >= N = 8, got 4");
   CHECK_THROWS(quant_format(static_cast<QuantType>(3)), std::invalid_argument,
-               "type: unknown quantization type id 3 (known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k, "
-               "100 = q4_z; interleaved: 202 = q4_0x8, 208 = q8_0x8, 212 = q4_kx8, 214 = q6_kx8, 300 = q4_zx8)");
+               "type: unknown quantization type id 3 (known: 2 = q4_0, 6 = q5_0, 7 = q5_1, 8 = q8_0, 12 = q4_k, "
+               "13 = q5_k, 14 = q6_k, 100 = q4_z; interleaved: 202 = q4_0x8, 208 = q8_0x8, 212 = q4_kx8, 214 = q6_kx8, "
+               "300 = q4_zx8)");
   CHECK_THROWS((linear_quant(y.data(), 8, x.data(), 512, 1, w.data(), QuantType::kQ4_0x8, 4, 512, nullptr, 1)),
                std::invalid_argument, "N: q4_0x8 holds groups of 8 rows, got 4");
   CHECK_THROWS((interleave_rows(QuantType::kQ4_0, w.data(), w.data(), 12, 32)), std::invalid_argument,

@@ -7,8 +7,13 @@
 //         weight 16 + j);                                       w = d * (q - 8)
 //   Q5_0  32 weights: fp16 d, 32 fifth bits (bit j of a little-endian uint32 = weight j), 16
 //         bytes of nibbles as Q4_0;                             w = d * (q - 16)
+//   Q5_1  32 weights: fp16 d, fp16 m, the fifth bits and nibbles as Q5_0;  w = d * q + m
 //   Q4_K  256 weights in 8 sub-blocks of 32: fp16 d, fp16 dmin, 12 bytes of 6-bit sub-block
 //         scales and mins, 128 bytes of nibbles;                w = d * sc * q - dmin * m
+//   Q5_K  256 weights: fp16 d, fp16 dmin, the 12 scale bytes and the nibbles as Q4_K's, and 32
+//         bytes qh between them: the fifth bit of the weight whose nibble is byte l's low (high)
+//         nibble in the c-th 32 bytes of nibbles is bit 2c (2c + 1) of qh[l];
+//                                                               w = d * sc * q - dmin * m
 //   Q6_K  256 weights in 16 sub-blocks of 16: 128 bytes of low nibbles, 64 bytes of high 2-bit
 //         pairs, int8 scales[16], fp16 d;                       w = d * sc * (q - 32)
 // and one of pyengine's own, for 4-bit checkpoints with zero points (AWQ, GPTQ):
@@ -40,7 +45,7 @@
 // Q4_K's 144, its scales being unpacked).
 //
 // The linear layer quantizes the activations per block on the fly (to 8 bits: one fp32 scale
-// per 32 values for Q8_0 / Q5_0 / Q4_0 weights, per 256 for Q4_K / Q6_K, as llama.cpp does) and sums
+// per 32 values for Q8_0 / Q5_0 / Q5_1 / Q4_0 weights, per 256 for Q4_K / Q5_K / Q6_K, as llama.cpp does) and sums
 // the integer products of each block exactly, in fp32 across blocks.
 //
 // Errors: invalid arguments throw std::invalid_argument naming the argument and the value.
@@ -54,7 +59,7 @@ namespace pyengine::kernels {
 // (Q4_Z has no GGML id: 100 is pyengine's; so are the interleaved layouts', 200 + the id of the
 // format they hold.)
 enum class QuantType : int32_t {
-  kQ4_0 = 2, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14, kQ4_Z = 100,
+  kQ4_0 = 2, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kQ4_Z = 100,
   kQ4_0x8 = 202, kQ8_0x8 = 208, kQ4_Kx8 = 212, kQ6_Kx8 = 214, kQ4_Zx8 = 300,
 };
 
@@ -62,7 +67,7 @@ enum class QuantType : int32_t {
 constexpr int32_t kInterleaveRows = 8;
 
 struct QuantFormat {
-  const char* name;      // "q8_0", "q5_0", "q4_0", "q4_k", "q6_k", "q4_z"; "q4_0x8", "q8_0x8", ...
+  const char* name;      // "q8_0", "q5_0", "q5_1", "q4_0", "q4_k", "q5_k", "q6_k", "q4_z"; "q4_0x8", "q8_0x8", ...
   int32_t block_elems;   // weights per block
   int32_t block_bytes;   // bytes per block (interleaved layouts: per row, a group block's / 8)
 };
@@ -74,7 +79,7 @@ QuantFormat quant_format(QuantType type);
 int64_t quant_row_bytes(QuantType type, int64_t K);
 
 // The interleaved layout of `type` (Q4_0 -> Q4_0x8, ...), or `type` itself where there is none
-// (Q5_0).
+// (Q5_0, Q5_1, Q5_K).
 QuantType interleaved_type(QuantType type);
 // The format an interleaved layout holds (Q4_0x8 -> Q4_0); other types: themselves.
 QuantType plain_type(QuantType type);
@@ -86,8 +91,8 @@ void interleave_rows(QuantType type, const void* src, void* dst, int64_t rows, i
 void deinterleave_rows(QuantType interleaved, const void* src, void* dst, int64_t rows, int64_t K);
 
 // Quantizes rows [rows, K] of fp32 weights into `dst` (rows * quant_row_bytes bytes) by
-// round-to-nearest, as llama.cpp's reference quantizers do without an importance matrix (Q4_K
-// and Q6_K search each sub-block's scale, and min, for the least weighted squared error; Q4_Z:
+// round-to-nearest, as llama.cpp's reference quantizers do without an importance matrix (Q4_K,
+// Q5_K and Q6_K search each sub-block's scale, and min, for the least weighted squared error; Q4_Z:
 // d = (max - min) / 15, z = round(-min / d), as AWQ and GPTQ do without calibration).
 // Threads over rows (`num_threads` <= 0: OpenMP's default).
 void quantize_rows(QuantType type, const float* src, void* dst, int64_t rows, int64_t K,

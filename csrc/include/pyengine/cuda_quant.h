@@ -1,5 +1,5 @@
 // Weight-only quantized linear layer on the GPU: the block formats of pyengine/cpu_quant.h
-// (llama.cpp's Q8_0, Q5_0, Q4_0, Q4_K, Q6_K, and pyengine's Q4_Z for AWQ/GPTQ checkpoints),
+// (llama.cpp's Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q5_K, Q6_K, and pyengine's Q4_Z for AWQ/GPTQ checkpoints),
 // read in their llama.cpp row layout from device memory and dequantized on the fly; the
 // activations stay in their floating-point type and the sums are fp32.
 //

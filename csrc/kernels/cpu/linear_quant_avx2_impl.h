@@ -61,13 +61,13 @@ inline __m256i dot_add_wide(__m256i acc32, __m256i u, __m256i s) {
 }
 #endif
 
-// ---- 32-weight blocks: Q8_0, Q5_0, Q4_0, Q4_Z ----
+// ---- 32-weight blocks: Q8_0, Q5_0, Q5_1, Q4_0, Q4_Z ----
 
 // A block's levels unpacked once (and reused for every row of x), then its dot product with 32
 // activations: 8 int32 partial sums. vpmaddubsw multiplies unsigned by signed bytes: Q8_0 moves
-// the weights' signs onto x (|w| times +-x); Q4_0, Q5_0 and Q4_Z multiply their unsigned levels
-// (0..15, 0..31) as they are, the offset (8, 16; Q4_Z: its zero point) being taken off with
-// ActQ8_32::s8.
+// the weights' signs onto x (|w| times +-x); Q4_0, Q5_0, Q5_1 and Q4_Z multiply their unsigned
+// levels (0..15, 0..31) as they are, the offset (8, 16; Q4_Z: its zero point; Q5_1: its min m)
+// being taken off (Q5_1: added) with ActQ8_32::s8.
 struct Levels {
   __m256i u;  // unsigned levels (Q8_0: |w|)
   __m256i s;  // Q8_0: the signed levels (their signs go onto x)
@@ -84,17 +84,19 @@ inline Levels unpack(const BlockQ8_0& b) {
 }
 inline Levels unpack(const BlockQ4_0& b) { return {nibbles(b.qs), _mm256_setzero_si256()}; }
 inline Levels unpack(const BlockQ4_Z& b) { return {nibbles(b.qs), _mm256_setzero_si256()}; }
-// Q5_0: the nibbles as Q4_0's, the fifth bits spread to bytes (byte i tests bit i of qh).
-inline Levels unpack(const BlockQ5_0& b) {
+// Q5_0, Q5_1: the nibbles as Q4_0's, the fifth bits spread to bytes (byte i tests bit i of qh).
+inline __m256i five_bit_levels(const uint8_t* qh4, const uint8_t* qs) {
   uint32_t qh;
-  std::memcpy(&qh, b.qh, 4);
+  std::memcpy(&qh, qh4, 4);
   const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(qh)),
                                             _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
                                                               0x0101010101010101, 0x0000000000000000));
   const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
   const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-  return {_mm256_or_si256(nibbles(b.qs), _mm256_and_si256(set, _mm256_set1_epi8(0x10))), _mm256_setzero_si256()};
+  return _mm256_or_si256(nibbles(qs), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
 }
+inline Levels unpack(const BlockQ5_0& b) { return {five_bit_levels(b.qh, b.qs), _mm256_setzero_si256()}; }
+inline Levels unpack(const BlockQ5_1& b) { return {five_bit_levels(b.qh, b.qs), _mm256_setzero_si256()}; }
 
 template <typename B>
 inline __m256i block_dot(const Levels& w, __m256i x) {
@@ -109,6 +111,10 @@ inline float offset_units(const BlockQ8_0&) { return 0.0f; }
 inline float offset_units(const BlockQ4_0&) { return 1.0f; }
 inline float offset_units(const BlockQ5_0&) { return 2.0f; }
 inline float offset_units(const BlockQ4_Z& b) { return static_cast<float>(b.z) * 0.125f; }
+// What a block's dot product takes off for its levels' offset (Q5_1: adds, m times the sum of x).
+template <typename B>
+inline float block_offset(const B& b, float dw, float s8) { return dw * (offset_units(b) * s8); }
+inline float block_offset(const BlockQ5_1& b, float, float s8) { return -(half_to_float(b.m) * (0.125f * s8)); }
 
 // Dot products of MB rows of x with R weight rows: out[m * R + r]. Even and odd blocks sum into
 // separate accumulators (two independent FMA chains), added at the end (Q4_0: minus the offsets'
@@ -133,7 +139,7 @@ void tile32(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
       for (int m = 0; m < MB; ++m) {
         const __m256i dot = block_dot<B>(lv, load32(x[m][b].qs));
         acc[p][m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * x[m][b].d), acc[p][m][r]);
-        if (offset) off[m][r] += dw * (offset_units(w[r][b]) * x[m][b].s8);
+        if (offset) off[m][r] += block_offset(w[r][b], dw, x[m][b].s8);
       }
     }
   };
@@ -148,9 +154,9 @@ void tile32(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
     for (int r = 0; r < R; ++r) out[m * R + r] = hsum8(_mm256_add_ps(acc[0][m][r], acc[1][m][r])) - off[m][r];
 }
 
-// ---- 256-weight super-blocks: Q4_K, Q6_K (one weight row, MB x rows) ----
-// (vpmaddubsw in every build: these rows are only the fallback for N not a multiple of 8; the
-// interleaved layouts take the rest)
+// ---- 256-weight super-blocks: Q4_K, Q5_K, Q6_K (one weight row, MB x rows) ----
+// (vpmaddubsw in every build: Q4_K and Q6_K rows come here only where N is not a multiple of 8,
+// the interleaved layouts taking the rest; Q5_K, which has no interleaved layout, always)
 
 // Q4_K's 8 sub-block scales (bytes 0..7) and mins (bytes 8..15) from its 12 packed bytes: the
 // low 6 bits of bytes 0..3 / 4..7 for sub-blocks 0..3; for 4..7 the nibbles of bytes 8..11 with
@@ -172,30 +178,41 @@ inline __m256i broadcast_word(__m256i v16, int j) {
   return _mm256_shuffle_epi8(v16, pick);
 }
 
-// Per super-block the integer sums stay in vectors and go into fp32 vector accumulators (the
-// scaled levels and the mins' term apart), one horizontal sum per row at the end: the same
-// order for every MB.
-template <int MB>
-void row_q4_k(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
+// Q4_K and Q5_K (B): per super-block the integer sums stay in vectors and go into fp32 vector
+// accumulators (the scaled levels and the mins' term apart), one horizontal sum per row at the
+// end: the same order for every MB. Q5_K's fifth bits join the nibbles as bit 4 (levels up to 31:
+// a vpmaddubsw pair sums at most 2 * 31 * 127, within int16).
+template <typename B, int MB>
+void row_k_min(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
+  constexpr bool kFifthBits = std::is_same_v<B, BlockQ5_K>;
   const int32_t nb = a.K / kQKK;
-  const auto* w = reinterpret_cast<const BlockQ4_K*>(a.w + n * a.wrow_bytes);
+  const auto* w = reinterpret_cast<const B*>(a.w + n * a.wrow_bytes);
   const ActQ8_256* x[MB];
   for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_256*>(a.xq + (m0 + m) * a.xrow_bytes);
   __m256 acc[MB], accmin[MB];
   for (int m = 0; m < MB; ++m) acc[m] = accmin[m] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
   for (int32_t b = 0; b < nb; ++b) {
-    const BlockQ4_K& wb = w[b];
+    const B& wb = w[b];
     if (MB == 1) prefetch_l2(reinterpret_cast<const char*>(&wb) + kPrefetchBytes);
     const __m128i sm = q4k_scales_mins(wb.scales);
     const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));   // 8 scales, twice
     const __m256i mins = _mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8));          // 8 mins
     __m256i sumi[MB];
     for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
+    // Q5_K: qh shifted right by 2c (16-bit lanes: bits 0 and 1 of each byte are still its own)
+    [[maybe_unused]] __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFifthBits) qh = load32(wb.qh);
     for (int c = 0; c < 4; ++c) {  // 64 weights: sub-blocks 2c (low nibbles), 2c + 1 (high)
       const __m256i q = load32(wb.qs + 32 * c);
-      const __m256i lo = _mm256_and_si256(q, low4);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      __m256i lo = _mm256_and_si256(q, low4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      if constexpr (kFifthBits) {
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(qh, 4), bit4));  // bit 2c
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(qh, 3), bit4));  // bit 2c + 1
+        qh = _mm256_srli_epi16(qh, 2);
+      }
       const __m256i s0 = broadcast_word(sc16, 2 * c), s1 = broadcast_word(sc16, 2 * c + 1);
       for (int m = 0; m < MB; ++m) {
         const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load32(x[m][b].qs + 64 * c)), s0);
@@ -314,7 +331,9 @@ void row256_upto(int mb, const QuantLinearArgs& a, int32_t m0, int32_t n, float*
     if (mb < MB) return row256_upto<MB - 1>(mb, a, m0, n, out);
   }
   if (a.type == QuantType::kQ4_K)
-    row_q4_k<MB>(a, m0, n, out);
+    row_k_min<BlockQ4_K, MB>(a, m0, n, out);
+  else if (a.type == QuantType::kQ5_K)
+    row_k_min<BlockQ5_K, MB>(a, m0, n, out);
   else
     row_q6_k<MB>(a, m0, n, out);
 }
@@ -395,8 +414,10 @@ void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
     case QuantType::kQ8_0: return rows32<BlockQ8_0>(a, n0, n1);
     case QuantType::kQ4_0: return rows32<BlockQ4_0>(a, n0, n1);
     case QuantType::kQ5_0: return rows32<BlockQ5_0>(a, n0, n1);
+    case QuantType::kQ5_1: return rows32<BlockQ5_1>(a, n0, n1);
     case QuantType::kQ4_Z: return rows32<BlockQ4_Z>(a, n0, n1);
     case QuantType::kQ4_K:
+    case QuantType::kQ5_K:
     case QuantType::kQ6_K: return rows256(a, n0, n1);
     case QuantType::kQ4_0x8:
     case QuantType::kQ8_0x8:

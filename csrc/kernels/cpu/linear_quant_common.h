@@ -13,8 +13,8 @@ namespace pyengine::kernels::cpu {
 struct QuantLinearArgs {
   float* y;  // [M, N], rows ldy apart
   int64_t ldy;
-  // x quantized: M rows of xrow_bytes, each ActQ8_32[K / 32] (Q8_0, Q5_0, Q4_0, Q4_Z weights) or
-  // ActQ8_256[K / 256] (Q4_K, Q6_K weights and their interleaved layouts)
+  // x quantized: M rows of xrow_bytes, each ActQ8_32[K / 32] (Q8_0, Q5_0, Q5_1, Q4_0, Q4_Z weights)
+  // or ActQ8_256[K / 256] (Q4_K, Q5_K, Q6_K weights and their interleaved layouts)
   const uint8_t* xq;
   int64_t xrow_bytes;
   const uint8_t* w;  // [N] rows of wrow_bytes
@@ -35,7 +35,7 @@ static inline int64_t spread_activation_bytes(int64_t K) { return (K / kQKK + 1)
 // Activation blocks used with weights of `type`: 32 (ActQ8_32) or 256 (ActQ8_256) values each.
 static inline int32_t act_block_elems(QuantType type) {
   type = plain_type(type);
-  return type == QuantType::kQ4_K || type == QuantType::kQ6_K ? kQKK : kQK;
+  return type == QuantType::kQ4_K || type == QuantType::kQ5_K || type == QuantType::kQ6_K ? kQKK : kQK;
 }
 
 // Bytes of one row of K activations in blocks of `block` (32 or 256) values.

@@ -37,17 +37,39 @@ float dot_q4_0(const BlockQ4_0* w, const ActQ8_32* x, int32_t nb) {
   return acc;
 }
 
+// A Q5_0 / Q5_1 block's levels (0..31) against 32 activations.
+int32_t dot_5_bit_levels(const uint8_t* qh4, const uint8_t* qs, const int8_t* xq) {
+  const uint32_t qh = q5_high_bits(qh4);
+  int32_t s = 0;
+  for (int j = 0; j < kQK / 2; ++j) {
+    const int lo = (qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
+    const int hi = (qs[j] >> 4) | (((qh >> (j + kQK / 2)) & 1) << 4);
+    s += lo * xq[j] + hi * xq[j + kQK / 2];
+  }
+  return s;
+}
+// The sum of a block's 32 activations.
+int32_t x_sum(const int8_t* xq) {
+  int32_t s = 0;
+  for (int i = 0; i < kQK; ++i) s += xq[i];
+  return s;
+}
+
 float dot_q5_0(const BlockQ5_0* w, const ActQ8_32* x, int32_t nb) {
   float acc = 0.0f;
   for (int32_t b = 0; b < nb; ++b) {
-    const uint32_t qh = w[b].qh[0] | (w[b].qh[1] << 8) | (w[b].qh[2] << 16) | (static_cast<uint32_t>(w[b].qh[3]) << 24);
-    int32_t s = 0;
-    for (int j = 0; j < kQK / 2; ++j) {
-      const int lo = (w[b].qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
-      const int hi = (w[b].qs[j] >> 4) | (((qh >> (j + kQK / 2)) & 1) << 4);
-      s += (lo - 16) * x[b].qs[j] + (hi - 16) * x[b].qs[j + kQK / 2];
-    }
+    const int32_t s = dot_5_bit_levels(w[b].qh, w[b].qs, x[b].qs) - 16 * x_sum(x[b].qs);
     acc += fp16_to_f32(w[b].d) * x[b].d * static_cast<float>(s);
+  }
+  return acc;
+}
+
+// levels 0..31 against x, plus m times the block's sum of x (x.s8 / 8)
+float dot_q5_1(const BlockQ5_1* w, const ActQ8_32* x, int32_t nb) {
+  float acc = 0.0f;
+  for (int32_t b = 0; b < nb; ++b) {
+    const int32_t s = dot_5_bit_levels(w[b].qh, w[b].qs, x[b].qs);
+    acc += fp16_to_f32(w[b].d) * x[b].d * static_cast<float>(s) + fp16_to_f32(w[b].m) * (0.125f * x[b].s8);
   }
   return acc;
 }
@@ -64,7 +86,9 @@ float dot_q4_z(const BlockQ4_Z* w, const ActQ8_32* x, int32_t nb) {
   return acc;
 }
 
-float dot_q4_k(const BlockQ4_K* w, const ActQ8_256* x, int32_t nb) {
+// Q4_K, Q5_K
+template <typename Block>
+float dot_k_min(const Block* w, const ActQ8_256* x, int32_t nb) {
   float acc = 0.0f;
   for (int32_t b = 0; b < nb; ++b) {
     int32_t s = 0, smin = 0;
@@ -76,8 +100,8 @@ float dot_q4_k(const BlockQ4_K* w, const ActQ8_256* x, int32_t nb) {
       q4k_scale_min(j + 1, w[b].scales, sc1, m1);
       int32_t s0 = 0, s1 = 0;
       for (int l = 0; l < 32; ++l) {
-        s0 += (q[l] & 0x0f) * xq[l];
-        s1 += (q[l] >> 4) * xq[l + 32];
+        s0 += k_level(w[b], q, l, j, false) * xq[l];
+        s1 += k_level(w[b], q, l, j + 1, true) * xq[l + 32];
       }
       s += sc0 * s0 + sc1 * s1;
       smin += m0 * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]) +
@@ -121,10 +145,14 @@ float dot_row(const QuantLinearArgs& a, const uint8_t* w, const uint8_t* x) {
       return dot_q4_0(reinterpret_cast<const BlockQ4_0*>(w), reinterpret_cast<const ActQ8_32*>(x), a.K / kQK);
     case QuantType::kQ5_0:
       return dot_q5_0(reinterpret_cast<const BlockQ5_0*>(w), reinterpret_cast<const ActQ8_32*>(x), a.K / kQK);
+    case QuantType::kQ5_1:
+      return dot_q5_1(reinterpret_cast<const BlockQ5_1*>(w), reinterpret_cast<const ActQ8_32*>(x), a.K / kQK);
+    case QuantType::kQ5_K:
+      return dot_k_min(reinterpret_cast<const BlockQ5_K*>(w), reinterpret_cast<const ActQ8_256*>(x), a.K / kQKK);
     case QuantType::kQ4_Z:
       return dot_q4_z(reinterpret_cast<const BlockQ4_Z*>(w), reinterpret_cast<const ActQ8_32*>(x), a.K / kQK);
     case QuantType::kQ4_K:
-      return dot_q4_k(reinterpret_cast<const BlockQ4_K*>(w), reinterpret_cast<const ActQ8_256*>(x), a.K / kQKK);
+      return dot_k_min(reinterpret_cast<const BlockQ4_K*>(w), reinterpret_cast<const ActQ8_256*>(x), a.K / kQKK);
     case QuantType::kQ6_K:
       return dot_q6_k(reinterpret_cast<const BlockQ6_K*>(w), reinterpret_cast<const ActQ8_256*>(x), a.K / kQKK);
     default: break;  // interleaved layouts: deinterleaved first

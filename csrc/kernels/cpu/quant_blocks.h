@@ -27,6 +27,12 @@ struct BlockQ5_0 {
   uint8_t qh[4];  // the fifth bits, bit j = weight j (little-endian)
   uint8_t qs[kQK / 2];
 };
+struct BlockQ5_1 {
+  uint16_t d;     // fp16
+  uint16_t m;     // fp16, the value of level 0
+  uint8_t qh[4];  // the fifth bits, as Q5_0's
+  uint8_t qs[kQK / 2];
+};
 struct BlockQ4_Z {
   uint16_t d;  // fp16
   uint8_t z;   // zero point, 0..15
@@ -39,14 +45,22 @@ struct BlockQ4_K {
   uint8_t scales[12];
   uint8_t qs[kQKK / 2];
 };
+struct BlockQ5_K {
+  uint16_t d;     // fp16, the scale of the sub-block scales
+  uint16_t dmin;  // fp16, the scale of the sub-block mins
+  uint8_t scales[12];  // as Q4_K's
+  uint8_t qh[kQKK / 8];  // fifth bits: bit 2c (2c + 1) of qh[l] for the low (high) nibble of qs[32c + l]
+  uint8_t qs[kQKK / 2];
+};
 struct BlockQ6_K {
   uint8_t ql[kQKK / 2];
   uint8_t qh[kQKK / 4];
   int8_t scales[kQKK / 16];
   uint16_t d;  // fp16
 };
-static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ5_0) == 22, "llama.cpp block sizes");
-static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ6_K) == 210, "llama.cpp block sizes");
+static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24,
+              "llama.cpp block sizes");
+static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210, "llama.cpp block sizes");
 static_assert(sizeof(BlockQ4_Z) == 20, "pyengine's Q4_Z");
 
 // The interleaved layouts (8 rows side by side; pyengine/cpu_quant.h describes them): one group
@@ -84,7 +98,8 @@ static_assert(sizeof(BlockQ4_Kx8) == 1184, "Q4_Kx8: 8 x 148 bytes");
 static_assert(sizeof(BlockQ4_Zx8) == 152, "Q4_Zx8: 8 x 19 bytes");
 
 // Activations quantized for blocks of 32 weights: x ~= d * qs; s8 = 8 * d * sum(qs) (what Q4_0's
-// level offset of 8 takes off a block's dot product; Q5_0's offset of 16 takes 2 * s8).
+// level offset of 8 takes off a block's dot product; Q5_0's offset of 16 takes 2 * s8; Q5_1's
+// m adds m * s8 / 8).
 struct ActQ8_32 {
   float d;
   float s8;
@@ -124,6 +139,21 @@ static inline void q4k_pack_scale_min(const uint8_t* sc, const uint8_t* m, uint8
     s[j + 4] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
     s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4));
   }
+}
+
+// The level of weight l (0..31) of sub-block j of a Q4_K / Q5_K super-block whose 32 bytes of
+// nibbles for sub-blocks j & ~1, j | 1 are at q (the low nibbles for even j, `high` = j odd),
+// with Q5_K's fifth bit (bit j of qh[l]).
+static inline int k_level(const BlockQ4_K&, const uint8_t* q, int l, int, bool high) {
+  return high ? q[l] >> 4 : q[l] & 0x0f;
+}
+static inline int k_level(const BlockQ5_K& b, const uint8_t* q, int l, int j, bool high) {
+  return (high ? q[l] >> 4 : q[l] & 0x0f) | (((b.qh[l] >> j) & 1) << 4);
+}
+
+// The 32 fifth bits of a Q5_0 / Q5_1 block (bit j: weight j) as one integer.
+static inline uint32_t q5_high_bits(const uint8_t* qh) {
+  return qh[0] | (qh[1] << 8) | (qh[2] << 16) | (static_cast<uint32_t>(qh[3]) << 24);
 }
 
 // Quantizes n values (a multiple of 16) into `blocks` ActQ8_32 (n % 32 == 0) or ActQ8_256

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dtype_convert.h"
@@ -35,7 +36,7 @@ float signed_absmax(const float* x, int n) {
   return max;
 }
 
-// ---- Q8_0, Q4_0, Q5_0 ----
+// ---- Q8_0, Q4_0, Q5_0, Q5_1 ----
 
 void quantize_q8_0(const float* x, BlockQ8_0* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += kQK) {
@@ -80,6 +81,27 @@ void quantize_q5_0(const float* x, BlockQ5_0* y, int64_t nb) {
   }
 }
 
+void quantize_q5_1(const float* x, BlockQ5_1* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, x += kQK) {
+    float lo = x[0], hi = x[0];  // (not widened to 0: level 0 is the block's min)
+    for (int i = 1; i < kQK; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+    const float d = (hi - lo) / 31.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = f32_to_fp16(d);
+    y[b].m = f32_to_fp16(lo);
+    uint32_t qh = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      // truncation of (x - min) * id + 0.5 to a byte: rounding to nearest with ties up
+      const int q0 = static_cast<uint8_t>((x[j] - lo) * id + 0.5f);
+      const int q1 = static_cast<uint8_t>((x[kQK / 2 + j] - lo) * id + 0.5f);
+      y[b].qs[j] = static_cast<uint8_t>((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+      qh |= static_cast<uint32_t>((q0 >> 4) & 1) << j;
+      qh |= static_cast<uint32_t>((q1 >> 4) & 1) << (j + kQK / 2);
+    }
+    for (int i = 0; i < 4; ++i) y[b].qh[i] = static_cast<uint8_t>(qh >> (8 * i));
+  }
+}
+
 // Asymmetric 4-bit grid per block, as AWQ / GPTQ quantize without calibration.
 void quantize_q4_z(const float* x, BlockQ4_Z* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += kQK) {
@@ -102,7 +124,7 @@ void quantize_q4_z(const float* x, BlockQ4_Z* y, int64_t nb) {
   }
 }
 
-// ---- Q4_K: per sub-block of 32, an asymmetric 4-bit grid (scale, min) chosen by a search ----
+// ---- Q4_K, Q5_K: per sub-block of 32, an asymmetric grid (scale, min) chosen by a search ----
 
 // Quantizes n values to levels 0..nmax with x ~= scale * l - min_out, minimizing the squared
 // error weighted by w: the min-max grid first, then nstep + 1 rescaled grids (each spanning from
@@ -170,46 +192,62 @@ float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L,
   return scale;
 }
 
-void quantize_q4_k(const float* x, BlockQ4_K* y, int64_t nb) {
-  uint8_t L[kQKK];
+// Q4_K and Q5_K: per sub-block of 32 an asymmetric grid of levels 0..nmax (15, 31) whose scale
+// and min fit_scale_min searches (llama.cpp's parameters for each), the 8 scales and mins
+// rounded to 6 bits against the block's largest, then the levels again against the rounded
+// values. Fills d, dmin and the packed scales; returns the levels in L.
+template <typename Block>
+void quantize_k_scales_mins(const float* x, Block& out, int nmax, float rmin, int nstep, uint8_t* L) {
   float w[32], scales[8], mins[8];
+  float max_scale = 0, max_min = 0;
+  for (int j = 0; j < 8; ++j) {
+    const float* v = x + 32 * j;
+    float sum_x2 = 0;
+    for (int l = 0; l < 32; ++l) sum_x2 += v[l] * v[l];
+    const float av_x = std::sqrt(sum_x2 / 32);
+    for (int l = 0; l < 32; ++l) w[l] = av_x + std::fabs(v[l]);
+    scales[j] = fit_scale_min(32, nmax, v, w, L + 32 * j, &mins[j], rmin, 0.1f, nstep);
+    max_scale = std::max(max_scale, scales[j]);
+    max_min = std::max(max_min, mins[j]);
+  }
+  const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+  const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+  uint8_t ls[8], lm[8];
+  for (int j = 0; j < 8; ++j) {
+    ls[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_scale * scales[j])));
+    lm[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_min * mins[j])));
+  }
+  q4k_pack_scale_min(ls, lm, out.scales);
+  out.d = f32_to_fp16(max_scale / 63.0f);
+  out.dmin = f32_to_fp16(max_min / 63.0f);
+  for (int j = 0; j < 8; ++j) {
+    uint8_t sc, m;
+    q4k_scale_min(j, out.scales, sc, m);
+    const float d = fp16_to_f32(out.d) * sc;
+    if (d == 0.0f) continue;
+    const float dm = fp16_to_f32(out.dmin) * m;
+    for (int i = 0; i < 32; ++i)
+      L[32 * j + i] = static_cast<uint8_t>(std::max(0, std::min(nmax, nearest_int((x[32 * j + i] + dm) / d))));
+  }
+}
+
+// Q4_K (levels 0..15, llama.cpp's search from rmin -1 in 20 steps) or Q5_K (0..31, from -0.5 in
+// 15), its levels packed as nibbles (and Q5_K's fifth bits).
+template <typename Block>
+void quantize_k_min(const float* x, Block* y, int64_t nb) {
+  constexpr bool kFifthBits = std::is_same_v<Block, BlockQ5_K>;
+  uint8_t L[kQKK];
   for (int64_t b = 0; b < nb; ++b, x += kQKK) {
-    BlockQ4_K& out = y[b];
+    Block& out = y[b];
     std::memset(&out, 0, sizeof(out));
-    float max_scale = 0, max_min = 0;
-    for (int j = 0; j < 8; ++j) {
-      const float* v = x + 32 * j;
-      float sum_x2 = 0;
-      for (int l = 0; l < 32; ++l) sum_x2 += v[l] * v[l];
-      const float av_x = std::sqrt(sum_x2 / 32);
-      for (int l = 0; l < 32; ++l) w[l] = av_x + std::fabs(v[l]);
-      scales[j] = fit_scale_min(32, 15, v, w, L + 32 * j, &mins[j], -1.0f, 0.1f, 20);
-      max_scale = std::max(max_scale, scales[j]);
-      max_min = std::max(max_min, mins[j]);
-    }
-    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
-    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
-    uint8_t ls[8], lm[8];
-    for (int j = 0; j < 8; ++j) {
-      ls[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_scale * scales[j])));
-      lm[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_min * mins[j])));
-    }
-    q4k_pack_scale_min(ls, lm, out.scales);
-    out.d = f32_to_fp16(max_scale / 63.0f);
-    out.dmin = f32_to_fp16(max_min / 63.0f);
-    // the levels again, against the rounded scales and mins
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      q4k_scale_min(j, out.scales, sc, m);
-      const float d = fp16_to_f32(out.d) * sc;
-      if (d == 0.0f) continue;
-      const float dm = fp16_to_f32(out.dmin) * m;
-      for (int i = 0; i < 32; ++i)
-        L[32 * j + i] = static_cast<uint8_t>(std::max(0, std::min(15, nearest_int((x[32 * j + i] + dm) / d))));
-    }
-    for (int j = 0; j < kQKK; j += 64)
-      for (int l = 0; l < 32; ++l)
-        out.qs[j / 2 + l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
+    quantize_k_scales_mins(x, out, kFifthBits ? 31 : 15, kFifthBits ? -0.5f : -1.0f, kFifthBits ? 15 : 20, L);
+    for (int c = 0; c < 4; ++c)
+      for (int l = 0; l < 32; ++l) {
+        const int lo = L[64 * c + l], hi = L[64 * c + 32 + l];
+        out.qs[32 * c + l] = static_cast<uint8_t>((lo & 0x0f) | ((hi & 0x0f) << 4));
+        if constexpr (kFifthBits)
+          out.qh[l] = static_cast<uint8_t>(out.qh[l] | ((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
+      }
   }
 }
 
@@ -314,12 +352,25 @@ void dequantize_q4_0(const BlockQ4_0* x, float* y, int64_t nb) {
 void dequantize_q5_0(const BlockQ5_0* x, float* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, y += kQK) {
     const float d = fp16_to_f32(x[b].d);
-    const uint32_t qh = x[b].qh[0] | (x[b].qh[1] << 8) | (x[b].qh[2] << 16) | (static_cast<uint32_t>(x[b].qh[3]) << 24);
+    const uint32_t qh = q5_high_bits(x[b].qh);
     for (int j = 0; j < kQK / 2; ++j) {
       const int lo = (x[b].qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
       const int hi = (x[b].qs[j] >> 4) | (((qh >> (j + kQK / 2)) & 1) << 4);
       y[j] = d * (lo - 16);
       y[j + kQK / 2] = d * (hi - 16);
+    }
+  }
+}
+
+void dequantize_q5_1(const BlockQ5_1* x, float* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, y += kQK) {
+    const float d = fp16_to_f32(x[b].d), m = fp16_to_f32(x[b].m);
+    const uint32_t qh = q5_high_bits(x[b].qh);
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int lo = (x[b].qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
+      const int hi = (x[b].qs[j] >> 4) | (((qh >> (j + kQK / 2)) & 1) << 4);
+      y[j] = d * lo + m;
+      y[j + kQK / 2] = d * hi + m;
     }
   }
 }
@@ -335,7 +386,9 @@ void dequantize_q4_z(const BlockQ4_Z* x, float* y, int64_t nb) {
   }
 }
 
-void dequantize_q4_k(const BlockQ4_K* x, float* y, int64_t nb) {
+// Q4_K, Q5_K (with the fifth bits of its weights)
+template <typename Block>
+void dequantize_k_min(const Block* x, float* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b) {
     const float d = fp16_to_f32(x[b].d), dmin = fp16_to_f32(x[b].dmin);
     const uint8_t* q = x[b].qs;
@@ -344,8 +397,8 @@ void dequantize_q4_k(const BlockQ4_K* x, float* y, int64_t nb) {
       q4k_scale_min(j, x[b].scales, sc0, m0);
       q4k_scale_min(j + 1, x[b].scales, sc1, m1);
       const float d0 = d * sc0, min0 = dmin * m0, d1 = d * sc1, min1 = dmin * m1;
-      for (int l = 0; l < 32; ++l) *y++ = d0 * (q[l] & 0x0f) - min0;
-      for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] >> 4) - min1;
+      for (int l = 0; l < 32; ++l) *y++ = d0 * k_level(x[b], q, l, j, false) - min0;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * k_level(x[b], q, l, j + 1, true) - min1;
     }
   }
 }
@@ -378,8 +431,10 @@ void dequantize_row(QuantType type, const uint8_t* src, float* dst, int64_t nb) 
     case QuantType::kQ8_0: return dequantize_q8_0(reinterpret_cast<const BlockQ8_0*>(src), dst, nb);
     case QuantType::kQ4_0: return dequantize_q4_0(reinterpret_cast<const BlockQ4_0*>(src), dst, nb);
     case QuantType::kQ5_0: return dequantize_q5_0(reinterpret_cast<const BlockQ5_0*>(src), dst, nb);
+    case QuantType::kQ5_1: return dequantize_q5_1(reinterpret_cast<const BlockQ5_1*>(src), dst, nb);
     case QuantType::kQ4_Z: return dequantize_q4_z(reinterpret_cast<const BlockQ4_Z*>(src), dst, nb);
-    case QuantType::kQ4_K: return dequantize_q4_k(reinterpret_cast<const BlockQ4_K*>(src), dst, nb);
+    case QuantType::kQ4_K: return dequantize_k_min(reinterpret_cast<const BlockQ4_K*>(src), dst, nb);
+    case QuantType::kQ5_K: return dequantize_k_min(reinterpret_cast<const BlockQ5_K*>(src), dst, nb);
     case QuantType::kQ6_K: return dequantize_q6_k(reinterpret_cast<const BlockQ6_K*>(src), dst, nb);
     default: return;  // interleaved layouts: dequantize_group
   }
@@ -404,8 +459,10 @@ QuantFormat quant_format(QuantType type) {
     case QuantType::kQ8_0: return {"q8_0", kQK, static_cast<int32_t>(sizeof(BlockQ8_0))};
     case QuantType::kQ4_0: return {"q4_0", kQK, static_cast<int32_t>(sizeof(BlockQ4_0))};
     case QuantType::kQ5_0: return {"q5_0", kQK, static_cast<int32_t>(sizeof(BlockQ5_0))};
+    case QuantType::kQ5_1: return {"q5_1", kQK, static_cast<int32_t>(sizeof(BlockQ5_1))};
     case QuantType::kQ4_Z: return {"q4_z", kQK, static_cast<int32_t>(sizeof(BlockQ4_Z))};
     case QuantType::kQ4_K: return {"q4_k", kQKK, static_cast<int32_t>(sizeof(BlockQ4_K))};
+    case QuantType::kQ5_K: return {"q5_k", kQKK, static_cast<int32_t>(sizeof(BlockQ5_K))};
     case QuantType::kQ6_K: return {"q6_k", kQKK, static_cast<int32_t>(sizeof(BlockQ6_K))};
     case QuantType::kQ4_0x8: return {"q4_0x8", kQK, static_cast<int32_t>(sizeof(BlockQ4_0x8) / kRows8)};
     case QuantType::kQ8_0x8: return {"q8_0x8", kQK, static_cast<int32_t>(sizeof(BlockQ8_0x8) / kRows8)};
@@ -414,7 +471,8 @@ QuantFormat quant_format(QuantType type) {
     case QuantType::kQ6_Kx8: return {"q6_kx8", kQKK, static_cast<int32_t>(sizeof(BlockQ6_Kx8) / kRows8)};
   }
   fail("type: unknown quantization type id " + std::to_string(static_cast<int32_t>(type)) +
-       " (known: 2 = q4_0, 6 = q5_0, 8 = q8_0, 12 = q4_k, 14 = q6_k, 100 = q4_z; interleaved: 202 = q4_0x8, "
+       " (known: 2 = q4_0, 6 = q5_0, 7 = q5_1, 8 = q8_0, 12 = q4_k, 13 = q5_k, 14 = q6_k, 100 = q4_z; "
+       "interleaved: 202 = q4_0x8, "
        "208 = q8_0x8, 212 = q4_kx8, 214 = q6_kx8, 300 = q4_zx8)");
   return {};
 }
@@ -445,8 +503,10 @@ PYENGINE_OMP(parallel for num_threads(nt) schedule(static) if (rows * K >= (1 <<
       case QuantType::kQ8_0: quantize_q8_0(x, reinterpret_cast<BlockQ8_0*>(y), nb); break;
       case QuantType::kQ4_0: quantize_q4_0(x, reinterpret_cast<BlockQ4_0*>(y), nb); break;
       case QuantType::kQ5_0: quantize_q5_0(x, reinterpret_cast<BlockQ5_0*>(y), nb); break;
+      case QuantType::kQ5_1: quantize_q5_1(x, reinterpret_cast<BlockQ5_1*>(y), nb); break;
       case QuantType::kQ4_Z: quantize_q4_z(x, reinterpret_cast<BlockQ4_Z*>(y), nb); break;
-      case QuantType::kQ4_K: quantize_q4_k(x, reinterpret_cast<BlockQ4_K*>(y), nb); break;
+      case QuantType::kQ4_K: quantize_k_min(x, reinterpret_cast<BlockQ4_K*>(y), nb); break;
+      case QuantType::kQ5_K: quantize_k_min(x, reinterpret_cast<BlockQ5_K*>(y), nb); break;
       case QuantType::kQ6_K: quantize_q6_k(x, reinterpret_cast<BlockQ6_K*>(y), nb); break;
       default: break;  // the interleaved layouts were rejected above
     }

@@ -68,6 +68,30 @@ __device__ __forceinline__ void dequant4(const uint8_t* __restrict__ row, int u,
       const int hi = static_cast<int>((qh >> (4 * j + t)) & 1u) << 4;
       w[t] = d * static_cast<float>((((qs[t] >> shift) & 0x0f) | hi) - 16);
     }
+  } else if constexpr (T == QuantType::kQ5_1) {
+    // as Q5_0, levels 0..31 above the block's min: d, m, qh[4], qs[16]
+    const uint8_t* b = row + u * 24;
+    const float d = half_at(b), mn = half_at(b + 2);
+    const uint32_t qh = b[4] | (b[5] << 8) | (b[6] << 16) | (static_cast<uint32_t>(b[7]) << 24);
+    const uint8_t* qs = b + 8 + 4 * (j & 3);
+    const int shift = j < 4 ? 0 : 4;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int hi = static_cast<int>((qh >> (4 * j + t)) & 1u) << 4;
+      w[t] = d * static_cast<float>(((qs[t] >> shift) & 0x0f) | hi) + mn;
+    }
+  } else if constexpr (T == QuantType::kQ5_K) {
+    const uint8_t* b = row + (u / 8) * 176;  // d, dmin, scales[12], qh[32], qs[128]
+    const int sub = u % 8;
+    int sc, m;
+    q4k_scale_min(sub, b + 4, sc, m);
+    const float d = half_at(b) * static_cast<float>(sc), mn = half_at(b + 2) * static_cast<float>(m);
+    const uint8_t* qs = b + 48 + 32 * (sub / 2) + 4 * j;
+    const uint8_t* qh = b + 16 + 4 * j;
+    const int shift = (sub % 2) * 4;
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+      w[t] = d * static_cast<float>(((qs[t] >> shift) & 0x0f) | (((qh[t] >> sub) & 1) << 4)) - mn;
   } else if constexpr (T == QuantType::kQ4_K) {
     const uint8_t* b = row + (u / 8) * 144;  // d, dmin, scales[12], qs[128]
     const int sub = u % 8;
@@ -167,8 +191,8 @@ void launch(void* y, int64_t ldy, const void* x, int64_t ldx, int32_t M, const v
 // The layouts the GPU reads: the plain (llama.cpp row) ones.
 bool plain_layout(QuantType type) {
   switch (type) {
-    case QuantType::kQ8_0: case QuantType::kQ5_0: case QuantType::kQ4_0:
-    case QuantType::kQ4_Z: case QuantType::kQ4_K: case QuantType::kQ6_K:
+    case QuantType::kQ8_0: case QuantType::kQ5_0: case QuantType::kQ5_1: case QuantType::kQ4_0:
+    case QuantType::kQ4_Z: case QuantType::kQ4_K: case QuantType::kQ5_K: case QuantType::kQ6_K:
       return true;
     default:
       return false;
@@ -181,6 +205,8 @@ void launch_type(QuantType type, void* y, int64_t ldy, const void* x, int64_t ld
   switch (type) {
     case QuantType::kQ8_0: return launch<QuantType::kQ8_0, E>(y, ldy, x, ldx, M, weight, row_bytes, N, K, bias, stream);
     case QuantType::kQ5_0: return launch<QuantType::kQ5_0, E>(y, ldy, x, ldx, M, weight, row_bytes, N, K, bias, stream);
+    case QuantType::kQ5_1: return launch<QuantType::kQ5_1, E>(y, ldy, x, ldx, M, weight, row_bytes, N, K, bias, stream);
+    case QuantType::kQ5_K: return launch<QuantType::kQ5_K, E>(y, ldy, x, ldx, M, weight, row_bytes, N, K, bias, stream);
     case QuantType::kQ4_0: return launch<QuantType::kQ4_0, E>(y, ldy, x, ldx, M, weight, row_bytes, N, K, bias, stream);
     case QuantType::kQ4_Z: return launch<QuantType::kQ4_Z, E>(y, ldy, x, ldx, M, weight, row_bytes, N, K, bias, stream);
     case QuantType::kQ4_K: return launch<QuantType::kQ4_K, E>(y, ldy, x, ldx, M, weight, row_bytes, N, K, bias, stream);
@@ -206,6 +232,8 @@ void launch_dequant_type(QuantType type, void* out, int64_t ldo, const void* wei
   switch (type) {
     case QuantType::kQ8_0: return launch_dequant<QuantType::kQ8_0, O>(out, ldo, weight, row_bytes, N, K, ids, base, rows, stream);
     case QuantType::kQ5_0: return launch_dequant<QuantType::kQ5_0, O>(out, ldo, weight, row_bytes, N, K, ids, base, rows, stream);
+    case QuantType::kQ5_1: return launch_dequant<QuantType::kQ5_1, O>(out, ldo, weight, row_bytes, N, K, ids, base, rows, stream);
+    case QuantType::kQ5_K: return launch_dequant<QuantType::kQ5_K, O>(out, ldo, weight, row_bytes, N, K, ids, base, rows, stream);
     case QuantType::kQ4_0: return launch_dequant<QuantType::kQ4_0, O>(out, ldo, weight, row_bytes, N, K, ids, base, rows, stream);
     case QuantType::kQ4_Z: return launch_dequant<QuantType::kQ4_Z, O>(out, ldo, weight, row_bytes, N, K, ids, base, rows, stream);
     case QuantType::kQ4_K: return launch_dequant<QuantType::kQ4_K, O>(out, ldo, weight, row_bytes, N, K, ids, base, rows, stream);
