@@ -286,14 +286,15 @@ def test_linear_mixed_formats_write_their_column_ranges(quant_cpu_isa):
 @pytest.mark.parametrize("fmt", X8)
 def test_interleaving_keeps_every_value(fmt):
     """interleaved() and back is the identity on the bytes; values, embedding rows and the
-    format reported stay those of the plain layout; sizes are the plain format's (Q4_K: plus its
-    unpacked scales, 148 bytes per 256 weights against 144; Q4_Z: less its pad byte, 19 bytes per
-    32 weights against 20)."""
+    format reported stay those of the plain layout; sizes are the plain format's (Q4_K and Q5_K:
+    plus their unpacked scales, 148 and 180 bytes per 256 weights against 144 and 176; Q4_Z: less
+    its pad byte, 19 bytes per 32 weights against 20)."""
     k = 512
     q = QuantizedWeight.quantize(weights(24, k, seed=20), fmt)
     x8 = q.interleaved()
     assert x8.layouts == [fmt + "x8"] and x8.formats == [fmt] and x8.shape == q.shape
-    assert x8.nbytes == {"q4_k": 24 * k // 256 * 148, "q4_z": 24 * k // 32 * 19}.get(fmt, q.nbytes)
+    assert x8.nbytes == {"q4_k": 24 * k // 256 * 148, "q5_k": 24 * k // 256 * 180,
+                         "q4_z": 24 * k // 32 * 19}.get(fmt, q.nbytes)
     assert torch.equal(x8.plain().parts[0][1], q.parts[0][1])
     assert torch.equal(x8.dequantize(), q.dequantize())
     ids = torch.tensor([[23, 0], [9, 16]])
@@ -361,7 +362,7 @@ def test_quantized_linear_rejects_bad_input():
         _core._quant_row_bytes(12, 96)
     with pytest.raises(ValueError, match=r"unknown quantization type id 3 \(known: 2 = q4_0, 6 = q5_0, 7 = q5_1, 8 = q8_0, "
                                          r"12 = q4_k, 13 = q5_k, 14 = q6_k, 100 = q4_z; interleaved: 202 = q4_0x8, "
-                                         r"208 = q8_0x8, 212 = q4_kx8, 214 = q6_kx8, 300 = q4_zx8\)"):
+                                         r"208 = q8_0x8, 212 = q4_kx8, 213 = q5_kx8, 214 = q6_kx8, 300 = q4_zx8\)"):
         _core._quant_format(3)
     out = torch.full((2, 256), 7.0)
     ids = torch.tensor([0, 8])

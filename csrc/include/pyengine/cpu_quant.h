@@ -35,6 +35,9 @@
 //   Q4_Kx8  per 256 weights (1184 bytes): fp16 d[8], fp16 dmin[8], scales[8 sub-blocks][8 rows]
 //           and mins[4 pairs of sub-blocks][8 rows][2] as plain 6-bit values, then per sub-block
 //           s 4 chunks c as Q4_0x8's over positions 32s + 8c + (0..7)
+//   Q5_Kx8  per 256 weights (1440 bytes): Q4_Kx8's 1184 bytes (the low 4 bits of each level in its
+//           nibbles), then per sub-block s 32 bytes of fifth bits: bit 2c (2c + 1) of byte 4j + t
+//           is the fifth bit of the level in the low (high) nibble of byte 4j + t of chunk c
 //   Q6_Kx8  per 256 weights (1680 bytes): fp16 d[8], int8 scales[8 pairs of sub-blocks][8 rows]
 //           [2], then per sub-block s of 16: ql chunks A, B and qh chunk H of 32 bytes; the
 //           level (0..63) of row j at position 16s + 4v + t has its low 4 bits in the low (v =
@@ -42,7 +45,7 @@
 //           top 2 bits in bits 2v, 2v + 1 of byte 4j + t of H
 // A row of an interleaved matrix "has" K / block_elems * (group block bytes / 8) bytes, so a
 // matrix takes N * row bytes in either layout (Q4_Kx8: 148 bytes a row per 256 weights against
-// Q4_K's 144, its scales being unpacked).
+// Q4_K's 144, Q5_Kx8: 180 against 176, their scales being unpacked).
 //
 // The linear layer quantizes the activations per block on the fly (to 8 bits: one fp32 scale
 // per 32 values for Q8_0 / Q5_0 / Q5_1 / Q4_0 weights, per 256 for Q4_K / Q5_K / Q6_K, as llama.cpp does) and sums
@@ -60,7 +63,7 @@ namespace pyengine::kernels {
 // format they hold.)
 enum class QuantType : int32_t {
   kQ4_0 = 2, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kQ4_Z = 100,
-  kQ4_0x8 = 202, kQ8_0x8 = 208, kQ4_Kx8 = 212, kQ6_Kx8 = 214, kQ4_Zx8 = 300,
+  kQ4_0x8 = 202, kQ8_0x8 = 208, kQ4_Kx8 = 212, kQ5_Kx8 = 213, kQ6_Kx8 = 214, kQ4_Zx8 = 300,
 };
 
 // Rows per group of an interleaved layout.
@@ -79,12 +82,12 @@ QuantFormat quant_format(QuantType type);
 int64_t quant_row_bytes(QuantType type, int64_t K);
 
 // The interleaved layout of `type` (Q4_0 -> Q4_0x8, ...), or `type` itself where there is none
-// (Q5_0, Q5_1, Q5_K).
+// (Q5_0, Q5_1).
 QuantType interleaved_type(QuantType type);
 // The format an interleaved layout holds (Q4_0x8 -> Q4_0); other types: themselves.
 QuantType plain_type(QuantType type);
 
-// Copies `rows` rows of K weights of `type` (Q4_0, Q8_0, Q4_K, Q6_K or Q4_Z; rows a multiple
+// Copies `rows` rows of K weights of `type` (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K or Q4_Z; rows a multiple
 // of 8) into its interleaved layout at `dst` (rows * quant_row_bytes(interleaved_type(type), K)
 // bytes); deinterleave_rows undoes it, byte for byte (Q4_Z: with its pad bytes 0).
 void interleave_rows(QuantType type, const void* src, void* dst, int64_t rows, int64_t K);

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "column_split.h"
@@ -38,6 +39,7 @@ bool amx_supports(QuantType type) {
     case QuantType::kQ4_0x8:
     case QuantType::kQ4_Zx8:
     case QuantType::kQ4_Kx8:
+    case QuantType::kQ5_Kx8:
     case QuantType::kQ6_Kx8:
       return true;
     default:
@@ -149,8 +151,10 @@ inline void block_q4_zx8(const uint8_t* g, int64_t kb, Block32& b) {
   b.is_signed = false;
 }
 
-inline void block_q4_kx8(const uint8_t* g, int64_t kb, Block32& b) {
-  const uint8_t* p = g + kb / 8 * static_cast<int64_t>(sizeof(BlockQ4_Kx8));
+// Q4_Kx8, and Q5_Kx8 (its Q4_Kx8 part, the fifth bits of each level added as bit 4)
+template <typename B>
+inline void block_k_min_x8(const uint8_t* g, int64_t kb, Block32& b) {
+  const uint8_t* p = g + kb / 8 * static_cast<int64_t>(sizeof(B));
   const int s = static_cast<int>(kb % 8);  // the sub-block
   const __m256 d = fp16x8(p), dmin = fp16x8(p + 16);
   const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 32 + 8 * s))));
@@ -159,6 +163,16 @@ inline void block_q4_kx8(const uint8_t* g, int64_t kb, Block32& b) {
   const __m256i mi = _mm256_and_si256(_mm256_srli_epi32(mw, 8 * (s % 2)), _mm256_set1_epi32(0xff));
   b.s[0] = b.s[1] = spread(_mm256_mul_ps(d, sc), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mi)));
   nibble_quads(p + 160 + 128 * s, b);
+  if constexpr (std::is_same_v<B, BlockQ5_Kx8>) {
+    // chunk c's low (high) nibbles take bit 2c (2c + 1) of the sub-block's fifth-bit bytes
+    __m256i h = load32(p + sizeof(BlockQ4_Kx8) + 32 * s);
+    const __m256i bit4 = _mm256_set1_epi8(0x10);
+    for (int c = 0; c < 4; ++c) {
+      b.q[2 * c] = _mm256_or_si256(b.q[2 * c], _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
+      b.q[2 * c + 1] = _mm256_or_si256(b.q[2 * c + 1], _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
+      h = _mm256_srli_epi16(h, 2);
+    }
+  }
   b.is_signed = false;
 }
 
@@ -193,7 +207,8 @@ inline void block_of(QuantType type, const uint8_t* g, int64_t kb, Block32& b) {
     case QuantType::kQ8_0x8: return block_q8_0x8(g, kb, b);
     case QuantType::kQ4_0x8: return block_q4_0x8(g, kb, b);
     case QuantType::kQ4_Zx8: return block_q4_zx8(g, kb, b);
-    case QuantType::kQ4_Kx8: return block_q4_kx8(g, kb, b);
+    case QuantType::kQ4_Kx8: return block_k_min_x8<BlockQ4_Kx8>(g, kb, b);
+    case QuantType::kQ5_Kx8: return block_k_min_x8<BlockQ5_Kx8>(g, kb, b);
     default: return block_q6_kx8(g, kb, b);
   }
 }

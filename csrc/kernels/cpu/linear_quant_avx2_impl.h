@@ -155,8 +155,8 @@ void tile32(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
 }
 
 // ---- 256-weight super-blocks: Q4_K, Q5_K, Q6_K (one weight row, MB x rows) ----
-// (vpmaddubsw in every build: Q4_K and Q6_K rows come here only where N is not a multiple of 8,
-// the interleaved layouts taking the rest; Q5_K, which has no interleaved layout, always)
+// (vpmaddubsw in every build: these rows are only the fallback for N not a multiple of 8; the
+// interleaved layouts take the rest)
 
 // Q4_K's 8 sub-block scales (bytes 0..7) and mins (bytes 8..15) from its 12 packed bytes: the
 // low 6 bits of bytes 0..3 / 4..7 for sub-blocks 0..3; for 4..7 the nibbles of bytes 8..11 with
@@ -423,6 +423,7 @@ void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
     case QuantType::kQ8_0x8:
     case QuantType::kQ4_Zx8:
     case QuantType::kQ4_Kx8:
+    case QuantType::kQ5_Kx8:
     case QuantType::kQ6_Kx8: return rows_x8(a, n0, n1);
   }
 }

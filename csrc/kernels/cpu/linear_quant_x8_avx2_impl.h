@@ -69,6 +69,41 @@ inline void nibble_dots(const uint8_t* qs, const int8_t* const* xq, __m256i* s) 
 #endif
 }
 
+// As nibble_dots, levels of 5 bits: Q5_Kx8's sub-block, its low 4 bits in nibbles (qs) and its
+// fifth bits in qh (bit 2c, 2c + 1 of a byte: chunk c's low, high nibble; pyengine/cpu_quant.h),
+// the levels (0..31) put together in bytes. Without VNNI two int16 sums (chunks 0-1, 2-3: 8
+// products of up to 31 * 127 a lane each), both scaled by sc into s; with VNNI one int32 sum.
+template <int MB>
+inline void nibble5_dots(const uint8_t* qs, const uint8_t* qh, const int8_t* const* xq, __m256i sc, __m256i* s) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
+  __m256i h = load32(qh);  // shifted right 2 bits a chunk (16-bit lanes: bits 0, 1 of a byte stay its own)
+  __m256i part[2][MB];
+  for (int m = 0; m < MB; ++m) part[0][m] = part[1][m] = _mm256_setzero_si256();
+  for (int c = 0; c < 4; ++c) {
+    const __m256i v = load32(qs + 32 * c);
+    const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
+    const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                                       _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
+    h = _mm256_srli_epi16(h, 2);
+    for (int m = 0; m < MB; ++m) {
+#if PYENGINE_QUANT_VNNI
+      __m256i& acc = part[0][m];
+#else
+      __m256i& acc = part[c / 2][m];
+#endif
+      acc = dot_add(acc, lo, broadcast4(xq[m] + 8 * c));
+      acc = dot_add(acc, hi, broadcast4(xq[m] + 8 * c + 4));
+    }
+  }
+  for (int m = 0; m < MB; ++m) {
+#if PYENGINE_QUANT_VNNI
+    s[m] = _mm256_add_epi32(s[m], dot_scaled(part[0][m], sc));
+#else
+    s[m] = _mm256_add_epi32(s[m], _mm256_add_epi32(dot_scaled(part[0][m], sc), dot_scaled(part[1][m], sc)));
+#endif
+  }
+}
+
 #if PYENGINE_QUANT_VNNI == 2
 #include "linear_quant_x16_avx512_impl.h"
 // M = 1: the integer sums of two blocks at once (zmm); Q4_K and Q6_K where x is spread
@@ -154,10 +189,12 @@ void group_q8_0x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
   for (int m = 0; m < MB; ++m) out[m] = acc[m];
 }
 
-template <int MB>
-void group_q4_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
+// Q4_Kx8, or Q5_Kx8 (B): the sub-blocks' scaled level sums, less the mins' term per super-block.
+template <typename B, int MB>
+void group_k_min_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
+  constexpr bool kFifthBits = std::is_same_v<B, BlockQ5_Kx8>;
   const int32_t nb = a.K / kQKK;
-  const auto* w = reinterpret_cast<const BlockQ4_Kx8*>(a.w + g * kRows8 * a.wrow_bytes);
+  const auto* w = reinterpret_cast<const B*>(a.w + g * kRows8 * a.wrow_bytes);
   const ActQ8_256* x[MB];
   for (int m = 0; m < MB; ++m) x[m] = reinterpret_cast<const ActQ8_256*>(a.xq + (m0 + m) * a.xrow_bytes);
   __m256 acc[MB];
@@ -168,25 +205,33 @@ void group_q4_kx8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) 
 #endif
   const bool pairs = block_pairs(a, MB);
   for (int32_t b = 0; b < nb; ++b) {
-    const BlockQ4_Kx8& wb = w[b];
+    const B& whole = w[b];
+    const BlockQ4_Kx8& wb = [&]() -> const BlockQ4_Kx8& {
+      if constexpr (kFifthBits) return whole.low; else return whole;
+    }();
     __m256i sumi[MB];
     for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
 #if PYENGINE_QUANT_VNNI == 2
-    if (pairs)  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
-      sumi[0] = block_pair_sums(b, nb, pair_sums, [&](bool two) {
-        return q4_k_sums2(wb, a.xspread + (b / 2) * kSpreadPairBytes, two);
-      });
+    if constexpr (!kFifthBits)  // (x is spread for Q4_Kx8 only)
+      if (pairs)  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
+        sumi[0] = block_pair_sums(b, nb, pair_sums, [&](bool two) {
+          return q4_k_sums2(wb, a.xspread + (b / 2) * kSpreadPairBytes, two);
+        });
 #endif
     for (int s = 0; s < (pairs ? 0 : 8); ++s) {
-      if (MB == 1) prefetch_part(reinterpret_cast<const char*>(&wb) + kPrefetchM1Bytes, sizeof(BlockQ4_Kx8), s, 8);
+      if (MB == 1) prefetch_part(reinterpret_cast<const char*>(&whole) + kPrefetchM1Bytes, sizeof(B), s, 8);
       // the 8 rows' scales of sub-block s, each in both int16 halves of its row's lane
       const __m256i sc = lane_scales_u8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.scales + kRows8 * s)));
-      __m256i s16[MB];
-      for (int m = 0; m < MB; ++m) s16[m] = _mm256_setzero_si256();
       const int8_t* xq[MB];
       for (int m = 0; m < MB; ++m) xq[m] = x[m][b].qs + 32 * s;
-      nibble_dots<MB>(wb.qs + 128 * s, xq, s16);
-      for (int m = 0; m < MB; ++m) sumi[m] = _mm256_add_epi32(sumi[m], dot_scaled(s16[m], sc));
+      if constexpr (kFifthBits) {
+        nibble5_dots<MB>(wb.qs + 128 * s, whole.qh[s], xq, sc, sumi);
+      } else {
+        __m256i s16[MB];
+        for (int m = 0; m < MB; ++m) s16[m] = _mm256_setzero_si256();
+        nibble_dots<MB>(wb.qs + 128 * s, xq, s16);
+        for (int m = 0; m < MB; ++m) sumi[m] = _mm256_add_epi32(sumi[m], dot_scaled(s16[m], sc));
+      }
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.dmin)));
@@ -282,7 +327,8 @@ void group_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
     case QuantType::kQ4_0x8: return group_nibbles_x8<BlockQ4_0x8, MB>(a, m0, g, out);
     case QuantType::kQ8_0x8: return group_q8_0x8<MB>(a, m0, g, out);
     case QuantType::kQ4_Zx8: return group_nibbles_x8<BlockQ4_Zx8, MB>(a, m0, g, out);
-    case QuantType::kQ4_Kx8: return group_q4_kx8<MB>(a, m0, g, out);
+    case QuantType::kQ4_Kx8: return group_k_min_x8<BlockQ4_Kx8, MB>(a, m0, g, out);
+    case QuantType::kQ5_Kx8: return group_k_min_x8<BlockQ5_Kx8, MB>(a, m0, g, out);
     default: return group_q6_kx8<MB>(a, m0, g, out);
   }
 }

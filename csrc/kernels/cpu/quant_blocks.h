@@ -86,6 +86,10 @@ struct BlockQ4_Kx8 {
   uint8_t mins[8 * kRows8];    // [sub-block pair][row][2]
   uint8_t qs[kRows8 * kQKK / 2];
 };
+struct BlockQ5_Kx8 {
+  BlockQ4_Kx8 low;                 // the levels' low 4 bits, and the scales, as Q4_Kx8's
+  uint8_t qh[8][kRows8 * kQK / 8];  // per sub-block: the fifth bits (pyengine/cpu_quant.h)
+};
 struct BlockQ6_Kx8 {
   uint16_t d[kRows8];            // fp16
   int8_t scales[16 * kRows8];    // [sub-block pair][row][2]
@@ -95,6 +99,7 @@ static_assert(sizeof(BlockQ4_0x8) == 8 * sizeof(BlockQ4_0) && sizeof(BlockQ8_0x8
                   sizeof(BlockQ6_Kx8) == 8 * sizeof(BlockQ6_K),
               "interleaved layouts of Q4_0, Q8_0 and Q6_K take the same bytes");
 static_assert(sizeof(BlockQ4_Kx8) == 1184, "Q4_Kx8: 8 x 148 bytes");
+static_assert(sizeof(BlockQ5_Kx8) == 1440, "Q5_Kx8: 8 x 180 bytes");
 static_assert(sizeof(BlockQ4_Zx8) == 152, "Q4_Zx8: 8 x 19 bytes");
 
 // Activations quantized for blocks of 32 weights: x ~= d * qs; s8 = 8 * d * sum(qs) (what Q4_0's

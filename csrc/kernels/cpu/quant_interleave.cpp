@@ -27,13 +27,26 @@ template <typename B>
 void set_nibble_levels(B& b, const uint8_t* L) {
   for (int i = 0; i < kQK / 2; ++i) b.qs[i] = static_cast<uint8_t>(L[i] | (L[i + kQK / 2] << 4));
 }
-void q4_k_levels(const BlockQ4_K& b, uint8_t* L) {
-  for (int j = 0; j < kQKK; j += 64)
-    for (int l = 0; l < 32; ++l) L[j + l] = b.qs[j / 2 + l] & 0x0f, L[j + l + 32] = b.qs[j / 2 + l] >> 4;
+// Q4_K and Q5_K: position 64c + l (+ 32) in the low (high) nibble of qs[32c + l]; Q5_K's fifth
+// bit in bit 2c (2c + 1) of qh[l]
+template <typename B>
+void k_levels(const B& b, uint8_t* L) {
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      L[64 * c + l] = static_cast<uint8_t>(k_level(b, b.qs + 32 * c, l, 2 * c, false));
+      L[64 * c + l + 32] = static_cast<uint8_t>(k_level(b, b.qs + 32 * c, l, 2 * c + 1, true));
+    }
 }
-void q4_k_set_levels(BlockQ4_K& b, const uint8_t* L) {
-  for (int j = 0; j < kQKK; j += 64)
-    for (int l = 0; l < 32; ++l) b.qs[j / 2 + l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
+template <typename B>
+void k_set_levels(B& b, const uint8_t* L) {
+  if constexpr (std::is_same_v<B, BlockQ5_K>) std::memset(b.qh, 0, sizeof(b.qh));
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      const int lo = L[64 * c + l], hi = L[64 * c + l + 32];
+      b.qs[32 * c + l] = static_cast<uint8_t>((lo & 0x0f) | ((hi & 0x0f) << 4));
+      if constexpr (std::is_same_v<B, BlockQ5_K>)
+        b.qh[l] = static_cast<uint8_t>(b.qh[l] | ((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
+    }
 }
 // Q6_K: position 128h + 32k + l sits in ql[64h + l (+ 32 for k = 1, 3)], low (k = 0, 1) or high
 // nibble, and bits 2k, 2k + 1 of qh[32h + l].
@@ -106,7 +119,9 @@ void from_x8(const BlockQ8_0x8& in, BlockQ8_0* const* out, int r0, int r1) {
   }
 }
 
-void to_x8(const BlockQ4_K* const* in, BlockQ4_Kx8& out) {
+// Q4_Kx8, and Q5_Kx8 (Q4_Kx8's bytes for the low 4 bits, its fifth bits beside)
+template <typename Plain>
+void k_to_x8(const Plain* const* in, BlockQ4_Kx8& out, uint8_t (*qh)[kRows8 * kQK / 8]) {
   uint8_t L[kQKK];
   for (int r = 0; r < kRows8; ++r) {
     out.d[r] = in[r]->d;
@@ -117,11 +132,22 @@ void to_x8(const BlockQ4_K* const* in, BlockQ4_Kx8& out) {
       out.scales[kRows8 * s + r] = sc;
       out.mins[16 * (s / 2) + 2 * r + s % 2] = m;
     }
-    q4_k_levels(*in[r], L);
+    k_levels(*in[r], L);
+    if (qh != nullptr)  // byte 4r + t of sub-block s: bit 2c (2c + 1) from position 32s + 8c + t (+ 4)
+      for (int s = 0; s < 8; ++s)
+        for (int t = 0; t < 4; ++t) {
+          uint8_t bits = 0;
+          for (int c = 0; c < 4; ++c)
+            bits = static_cast<uint8_t>(bits | ((L[32 * s + 8 * c + t] >> 4) << (2 * c)) |
+                                        ((L[32 * s + 8 * c + 4 + t] >> 4) << (2 * c + 1)));
+          qh[s][4 * r + t] = bits;
+        }
+    for (int i = 0; i < kQKK; ++i) L[i] &= 0x0f;
     for (int s = 0; s < 8; ++s) put_nibble_chunks(L + 32 * s, r, 32, out.qs + 128 * s);
   }
 }
-void from_x8(const BlockQ4_Kx8& in, BlockQ4_K* const* out, int r0, int r1) {
+template <typename Plain>
+void k_from_x8(const BlockQ4_Kx8& in, const uint8_t (*qh)[kRows8 * kQK / 8], Plain* const* out, int r0, int r1) {
   uint8_t L[kQKK], sc[8], m[8];
   for (int r = r0; r < r1; ++r) {
     out[r]->d = in.d[r];
@@ -129,9 +155,21 @@ void from_x8(const BlockQ4_Kx8& in, BlockQ4_K* const* out, int r0, int r1) {
     for (int s = 0; s < 8; ++s) sc[s] = in.scales[kRows8 * s + r], m[s] = in.mins[16 * (s / 2) + 2 * r + s % 2];
     q4k_pack_scale_min(sc, m, out[r]->scales);
     for (int s = 0; s < 8; ++s) get_nibble_chunks(in.qs + 128 * s, r, 32, L + 32 * s);
-    q4_k_set_levels(*out[r], L);
+    if (qh != nullptr)
+      for (int s = 0; s < 8; ++s)
+        for (int t = 0; t < 4; ++t)
+          for (int c = 0; c < 4; ++c) {
+            L[32 * s + 8 * c + t] = static_cast<uint8_t>(L[32 * s + 8 * c + t] | (((qh[s][4 * r + t] >> (2 * c)) & 1) << 4));
+            L[32 * s + 8 * c + 4 + t] =
+                static_cast<uint8_t>(L[32 * s + 8 * c + 4 + t] | (((qh[s][4 * r + t] >> (2 * c + 1)) & 1) << 4));
+          }
+    k_set_levels(*out[r], L);
   }
 }
+void to_x8(const BlockQ4_K* const* in, BlockQ4_Kx8& out) { k_to_x8(in, out, nullptr); }
+void from_x8(const BlockQ4_Kx8& in, BlockQ4_K* const* out, int r0, int r1) { k_from_x8(in, nullptr, out, r0, r1); }
+void to_x8(const BlockQ5_K* const* in, BlockQ5_Kx8& out) { k_to_x8(in, out.low, out.qh); }
+void from_x8(const BlockQ5_Kx8& in, BlockQ5_K* const* out, int r0, int r1) { k_from_x8(in.low, in.qh, out, r0, r1); }
 
 // Q6_Kx8 sub-block s: position 16s + 4v + t of row r in byte 4r + t of chunk A (v = 0, 1) or B
 // (v = 2, 3), low nibble for even v; its top 2 bits in bits 2v, 2v + 1 of byte 4r + t of H.
@@ -191,6 +229,7 @@ void convert(QuantType interleaved, const uint8_t* src, uint8_t* dst, int64_t ro
     case QuantType::kQ8_0x8: return convert_group<BlockQ8_0, BlockQ8_0x8, kToX8>(src, dst, row_bytes, K / kQK, r0, r1);
     case QuantType::kQ4_Zx8: return convert_group<BlockQ4_Z, BlockQ4_Zx8, kToX8>(src, dst, row_bytes, K / kQK, r0, r1);
     case QuantType::kQ4_Kx8: return convert_group<BlockQ4_K, BlockQ4_Kx8, kToX8>(src, dst, row_bytes, K / kQKK, r0, r1);
+    case QuantType::kQ5_Kx8: return convert_group<BlockQ5_K, BlockQ5_Kx8, kToX8>(src, dst, row_bytes, K / kQKK, r0, r1);
     case QuantType::kQ6_Kx8: return convert_group<BlockQ6_K, BlockQ6_Kx8, kToX8>(src, dst, row_bytes, K / kQKK, r0, r1);
     default: throw std::invalid_argument("type: " + std::to_string(static_cast<int32_t>(interleaved)) +
                                          " is not an interleaved layout");
@@ -216,6 +255,7 @@ QuantType interleaved_type(QuantType type) {
     case QuantType::kQ8_0: return QuantType::kQ8_0x8;
     case QuantType::kQ4_Z: return QuantType::kQ4_Zx8;
     case QuantType::kQ4_K: return QuantType::kQ4_Kx8;
+    case QuantType::kQ5_K: return QuantType::kQ5_Kx8;
     case QuantType::kQ6_K: return QuantType::kQ6_Kx8;
     default: return type;
   }
@@ -227,6 +267,7 @@ QuantType plain_type(QuantType type) {
     case QuantType::kQ8_0x8: return QuantType::kQ8_0;
     case QuantType::kQ4_Zx8: return QuantType::kQ4_Z;
     case QuantType::kQ4_Kx8: return QuantType::kQ4_K;
+    case QuantType::kQ5_Kx8: return QuantType::kQ5_K;
     case QuantType::kQ6_Kx8: return QuantType::kQ6_K;
     default: return type;
   }
