@@ -7,8 +7,8 @@ first in every chunk; starting with it keeps both tools on the same tokens).
 
 pyengine: the reference is Engine(model, dtype="float32") -- the checkpoint's weights (fp32 for
 smollm-135m-shape, bf16 values for qwen3-0.6b-shape) computed in fp32 -- and each format is
-Engine(model, dtype="float32", quantization=fmt) (q4_k: "q4_k_m", the mixture of llama.cpp's Q4_K_M file; the
-KV cache: float16, quantized models' default). Each engine gets the first token of each
+Engine(model, dtype="float32", quantization=fmt) (q4_k: "q4_k_m", q5_k: "q5_k_m", the mixtures of
+llama.cpp's Q4_K_M and Q5_K_M files; the KV cache: float16, quantized models' default). Each engine gets the first token of each
 sequence as its prompt and is teacher-forced through the rest by a logits processor (public
 API: SamplingParams.logits_processors sees each step's raw logits row, the whole vocabulary):
 it records the row and forces the sequence's next token. So every position's full distribution
@@ -20,7 +20,7 @@ over the positions llama-perplexity scores (the second half of each sequence).
 llama.cpp (--llama-cpp, the default when its build is cached): the reference log-probabilities
 are written in llama-perplexity's --kl-divergence-base format (its tokens and its 16-bit
 log-probability rows), and `llama-perplexity --kl-divergence` runs each quantized GGUF
-(llama-quantize: Q8_0, Q4_0, Q4_K_M) on those same tokens against that same reference. The f32
+(llama-quantize: Q8_0, Q4_0, Q4_K_M, Q5_K_M) on those same tokens against that same reference. The f32
 GGUF is run the same way: its KL is the floor of the comparison (llama.cpp's fp32 against
 pyengine's; near 0 when the two engines compute the same model).
 
@@ -51,9 +51,10 @@ import torch  # noqa: E402
 from bench.common import (BENCH_MODELS, BENCH_THREADS, bench_checkpoint, machine_info, quiet_transformers,  # noqa: E402
                           set_threads)
 
-FORMATS = ("q8_0", "q4_0", "q4_k")
-GGUF_TYPE = {"q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m"}
-PYENGINE_QUANT = {"q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m"}  # q4_k: the mixture of llama.cpp's Q4_K_M
+FORMATS = ("q8_0", "q4_0", "q4_k", "q5_k")
+GGUF_TYPE = {"q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m", "q5_k": "q5_k_m"}
+# q4_k / q5_k: the mixtures of llama.cpp's Q4_K_M / Q5_K_M
+PYENGINE_QUANT = {"q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m", "q5_k": "q5_k_m"}
 
 
 # --------------------------------------------------------------------------------------
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     n_seq = args.sequences or (4 if args.quick else 16)
     length = args.length or (64 if args.quick else 256)
-    formats = [f.strip().lower().replace("q4_k_m", "q4_k") for f in args.formats.split(",") if f.strip()]
+    formats = [f.strip().lower().replace("_k_m", "_k") for f in args.formats.split(",") if f.strip()]
     bad = [f for f in formats if f not in FORMATS]
     if bad:
         p.error(f"unknown format {bad[0]!r} (one of {', '.join(FORMATS)})")

@@ -1,11 +1,11 @@
 // The linear layers of one batch-1 decode step of the W5 model (qwen3-0.6b shape: 28 layers of
 // qkv 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072; no lm_head) in each weight
-// format the engine runs -- bf16 (linear_bf16) and the interleaved Q8_0 / Q4_0 / Q4_K / Q6_K
-// layouts (linear_quant) -- at one and at `threads` threads, the formats taking turns step by
+// format the engine runs -- bf16 (linear_bf16) and the interleaved Q8_0 / Q4_0 / Q4_K / Q5_K /
+// Q6_K layouts (linear_quant) -- at one and at `threads` threads, the formats taking turns step by
 // step in one process so that a change in the machine's memory speed hits them alike. Prints
 // per format and thread count the step's time, the weight bytes read per second, and the time
 // against bf16's: what a format's fewer bytes buy at batch 1 (equal rates give bf16's bytes over
-// the format's: Q8_0 1.88x, Q4_0 3.56x, Q4_K 3.56x, Q6_K 2.46x). Weights lie in 2 MiB pages, as
+// the format's: Q8_0 1.88x, Q4_0 3.56x, Q4_K 3.46x, Q5_K 2.84x, Q6_K 2.44x). Weights lie in 2 MiB pages, as
 // the engine places them, and three copies are cycled so that every step reads from DRAM.
 // `head`: the output projection instead (151,936 x 1024, the tied embedding table; its rows
 // tile one block of 8,192 random rows), the one large matrix of a step.
@@ -52,6 +52,7 @@ const Format kFormats[] = {{"bf16", true, pk::QuantType::kQ8_0},
                            {"q8_0", false, pk::QuantType::kQ8_0x8},
                            {"q4_0", false, pk::QuantType::kQ4_0x8},
                            {"q4_k", false, pk::QuantType::kQ4_Kx8},
+                           {"q5_k", false, pk::QuantType::kQ5_Kx8},
                            {"q6_k", false, pk::QuantType::kQ6_Kx8}};
 
 double now() {
