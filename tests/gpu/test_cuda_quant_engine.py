@@ -29,7 +29,7 @@ def prompts(n: int) -> list[list[int]]:
     return [[rng.randrange(3, 512) for _ in range(rng.randrange(4, 48))] for _ in range(n)]
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q5_k"])
 @pytest.mark.parametrize("cuda_graphs", [True, False])
 def test_quantized_greedy_on_the_gpu_matches_the_dequantized_reference(fmt, cuda_graphs, gpu_llama_q_dir):
     engine = Engine(gpu_llama_q_dir, quantization=fmt, device="cuda", dtype="float32", max_seq_len=128,
