@@ -16,7 +16,7 @@ from pyengine.quant.formats import INTERLEAVED_LAYOUTS
 
 U = 2.0 ** -24  # fp32 unit roundoff
 FORMATS = list(QUANT_FORMATS)  # q8_0, q5_0, q5_1, q4_0, q4_k, q5_k, q6_k, q4_z
-X8 = list(INTERLEAVED_LAYOUTS)  # the formats with an interleaved layout: q8_0, q4_0, q4_k, q6_k, q4_z
+X8 = list(INTERLEAVED_LAYOUTS)  # the formats with an interleaved layout: all of them
 GGUF_TYPE = {"q8_0": GGMLQuantizationType.Q8_0, "q5_0": GGMLQuantizationType.Q5_0, "q5_1": GGMLQuantizationType.Q5_1,
              "q4_0": GGMLQuantizationType.Q4_0, "q4_k": GGMLQuantizationType.Q4_K, "q5_k": GGMLQuantizationType.Q5_K,
              "q6_k": GGMLQuantizationType.Q6_K}
@@ -318,18 +318,18 @@ def test_q4_0x8_byte_layout():
 
 
 def test_only_whole_groups_of_8_rows_interleave(quant_cpu_isa):
-    """A row group that is not a multiple of 8 rows, or of a format without an interleaved layout,
-    stays as it is; a fused weight of several groups keeps each group's columns."""
+    """A row group that is not a multiple of 8 rows stays as it is; a fused weight of several
+    groups keeps each group's columns."""
     k = 512
     parts = [QuantizedWeight.quantize(weights(16, k, seed=22), "q4_k"),
              QuantizedWeight.quantize(weights(5, k, seed=23), "q6_k"),
              QuantizedWeight.quantize(weights(8, k, seed=24), "q5_0")]
     fused = QuantizedWeight.cat(parts).interleaved()
-    assert fused.layouts == ["q4_kx8", "q6_k", "q5_0"] and fused.formats == ["q4_k", "q6_k", "q5_0"]
-    assert parts[2].interleaved() is parts[2]
+    assert fused.layouts == ["q4_kx8", "q6_k", "q5_0x8"] and fused.formats == ["q4_k", "q6_k", "q5_0"]
+    assert parts[1].interleaved() is parts[1]
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(25))
     assert torch.equal(fused.linear(x), torch.cat([parts[0].interleaved().linear(x), parts[1].linear(x),
-                                                    parts[2].linear(x)], dim=1))
+                                                    parts[2].interleaved().linear(x)], dim=1))
 
 
 def test_interleaved_layouts_reject_bad_input():
@@ -344,8 +344,8 @@ def test_interleaved_layouts_reject_bad_input():
     src, dst = torch.zeros(8, 256), torch.zeros(8, 144, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"type: q4_0x8 is an interleaved layout: quantize to q4_0, then interleave_rows"):
         _core._quantize_rows(fmt.type_id, src.data_ptr(), dst.data_ptr(), 8, 256, 1)
-    with pytest.raises(ValueError, match=r"type: q5_0 has no interleaved layout"):
-        _core._interleave_rows(6, dst.data_ptr(), dst.data_ptr(), 8, 32)
+    with pytest.raises(ValueError, match=r"type: q4_0x8 has no interleaved layout"):
+        _core._interleave_rows(202, dst.data_ptr(), dst.data_ptr(), 8, 32)
     with pytest.raises(ValueError, match=r"interleaved: q4_0 is not an interleaved layout"):
         _core._deinterleave_rows(2, dst.data_ptr(), dst.data_ptr(), 8, 32)
     with pytest.raises(ValueError, match=r"rows: must be a multiple of 8, got 12"):
@@ -362,7 +362,7 @@ def test_quantized_linear_rejects_bad_input():
         _core._quant_row_bytes(12, 96)
     with pytest.raises(ValueError, match=r"unknown quantization type id 3 \(known: 2 = q4_0, 6 = q5_0, 7 = q5_1, 8 = q8_0, "
                                          r"12 = q4_k, 13 = q5_k, 14 = q6_k, 100 = q4_z; interleaved: 202 = q4_0x8, "
-                                         r"208 = q8_0x8, 212 = q4_kx8, 213 = q5_kx8, 214 = q6_kx8, 300 = q4_zx8\)"):
+                                         r"206 = q5_0x8, 207 = q5_1x8, 208 = q8_0x8, 212 = q4_kx8, 213 = q5_kx8, 214 = q6_kx8, 300 = q4_zx8\)"):
         _core._quant_format(3)
     out = torch.full((2, 256), 7.0)
     ids = torch.tensor([0, 8])

@@ -26,8 +26,8 @@ namespace {
 const QuantType kTypes[] = {QuantType::kQ8_0, QuantType::kQ5_0, QuantType::kQ5_1, QuantType::kQ4_0,
                             QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K, QuantType::kQ4_Z};
 
-const QuantType kInterleavable[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K,
-                                    QuantType::kQ4_Z};
+const QuantType kInterleavable[] = {QuantType::kQ8_0, QuantType::kQ5_0, QuantType::kQ5_1, QuantType::kQ4_0,
+                                    QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K, QuantType::kQ4_Z};
 
 std::vector<float> gaussian(std::mt19937& rng, size_t n) {
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -221,7 +221,7 @@ TEST(vnni_gives_the_same_bits) {
     const int32_t N = 24, K = 1024;
     for (QuantType t : kTypes)
       for (bool x8 : {false, true}) {
-        if (x8 && interleaved_type(t) == t) continue;  // no interleaved layout (Q5_0, Q5_1)
+        if (x8 && interleaved_type(t) == t) continue;  // (a format without an interleaved layout)
         const Quantized q = quantize(t, gaussian(rng, static_cast<size_t>(N) * K), N, K);
         const std::vector<uint8_t> w = x8 ? interleaved(t, q, N, K) : q.data;
         const QuantType lt = x8 ? interleaved_type(t) : t;
@@ -340,8 +340,8 @@ TEST(argument_errors_name_the_argument) {
                "ldy: must be >= N = 8, got 4");
   CHECK_THROWS(quant_format(static_cast<QuantType>(3)), std::invalid_argument,
                "type: unknown quantization type id 3 (known: 2 = q4_0, 6 = q5_0, 7 = q5_1, 8 = q8_0, 12 = q4_k, "
-               "13 = q5_k, 14 = q6_k, 100 = q4_z; interleaved: 202 = q4_0x8, 208 = q8_0x8, 212 = q4_kx8, 213 = q5_kx8, "
-               "214 = q6_kx8, 300 = q4_zx8)");
+               "13 = q5_k, 14 = q6_k, 100 = q4_z; interleaved: 202 = q4_0x8, 206 = q5_0x8, 207 = q5_1x8, 208 = q8_0x8, "
+               "212 = q4_kx8, 213 = q5_kx8, 214 = q6_kx8, 300 = q4_zx8)");
   CHECK_THROWS((linear_quant(y.data(), 8, x.data(), 512, 1, w.data(), QuantType::kQ4_0x8, 4, 512, nullptr, 1)),
                std::invalid_argument, "N: q4_0x8 holds groups of 8 rows, got 4");
   CHECK_THROWS((interleave_rows(QuantType::kQ4_0, w.data(), w.data(), 12, 32)), std::invalid_argument,

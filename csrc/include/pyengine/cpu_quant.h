@@ -30,6 +30,10 @@
 //           4j + t = q(j, 4c + t)
 //   Q4_0x8  per 32 weights (144 bytes): fp16 d[8] (row j's), then 4 chunks c of 32 bytes, byte
 //           4j + t = level(j, 8c + t) | level(j, 8c + 4 + t) << 4 (levels 0..15 as in Q4_0)
+//   Q5_0x8  per 32 weights (176 bytes): fp16 d[8], 32 bytes of fifth bits, then the low 4 bits of
+//           the levels as Q4_0x8's nibbles; bit 2c (2c + 1) of byte 4j + t of the fifth bits is
+//           the fifth bit of the level in the low (high) nibble of byte 4j + t of chunk c
+//   Q5_1x8  per 32 weights (192 bytes): fp16 d[8], fp16 m[8], then as Q5_0x8's
 //   Q4_Zx8  per 32 weights (152 bytes): fp16 d[8], uint8 z[8], then the nibbles as Q4_0x8's
 //           (Q4_Z's pad byte is not kept: 19 bytes a row per 32 weights against 20)
 //   Q4_Kx8  per 256 weights (1184 bytes): fp16 d[8], fp16 dmin[8], scales[8 sub-blocks][8 rows]
@@ -63,7 +67,8 @@ namespace pyengine::kernels {
 // format they hold.)
 enum class QuantType : int32_t {
   kQ4_0 = 2, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kQ4_Z = 100,
-  kQ4_0x8 = 202, kQ8_0x8 = 208, kQ4_Kx8 = 212, kQ5_Kx8 = 213, kQ6_Kx8 = 214, kQ4_Zx8 = 300,
+  kQ4_0x8 = 202, kQ5_0x8 = 206, kQ5_1x8 = 207, kQ8_0x8 = 208, kQ4_Kx8 = 212, kQ5_Kx8 = 213, kQ6_Kx8 = 214,
+  kQ4_Zx8 = 300,
 };
 
 // Rows per group of an interleaved layout.
@@ -82,12 +87,12 @@ QuantFormat quant_format(QuantType type);
 int64_t quant_row_bytes(QuantType type, int64_t K);
 
 // The interleaved layout of `type` (Q4_0 -> Q4_0x8, ...), or `type` itself where there is none
-// (Q5_0, Q5_1).
+// (an interleaved layout).
 QuantType interleaved_type(QuantType type);
 // The format an interleaved layout holds (Q4_0x8 -> Q4_0); other types: themselves.
 QuantType plain_type(QuantType type);
 
-// Copies `rows` rows of K weights of `type` (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K or Q4_Z; rows a multiple
+// Copies `rows` rows of K weights of `type` (any plain format; rows a multiple
 // of 8) into its interleaved layout at `dst` (rows * quant_row_bytes(interleaved_type(type), K)
 // bytes); deinterleave_rows undoes it, byte for byte (Q4_Z: with its pad bytes 0).
 void interleave_rows(QuantType type, const void* src, void* dst, int64_t rows, int64_t K);

@@ -38,6 +38,8 @@ bool amx_supports(QuantType type) {
     case QuantType::kQ8_0x8:
     case QuantType::kQ4_0x8:
     case QuantType::kQ4_Zx8:
+    case QuantType::kQ5_0x8:
+    case QuantType::kQ5_1x8:
     case QuantType::kQ4_Kx8:
     case QuantType::kQ5_Kx8:
     case QuantType::kQ6_Kx8:
@@ -151,6 +153,33 @@ inline void block_q4_zx8(const uint8_t* g, int64_t kb, Block32& b) {
   b.is_signed = false;
 }
 
+// The fifth bits of 32 positions (pyengine/cpu_quant.h: bit 2c, 2c + 1 of byte 4j + t for chunk
+// c's low, high nibble) or'ed into b's levels as bit 4.
+inline void add_fifth_bits(const uint8_t* qh, Block32& b) {
+  __m256i h = load32(qh);  // shifted right 2 bits a chunk (16-bit lanes: bits 0, 1 of a byte stay its own)
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  for (int c = 0; c < 4; ++c) {
+    b.q[2 * c] = _mm256_or_si256(b.q[2 * c], _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
+    b.q[2 * c + 1] = _mm256_or_si256(b.q[2 * c + 1], _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
+    h = _mm256_srli_epi16(h, 2);
+  }
+}
+
+// Q5_0x8 (levels less 16) and Q5_1x8 (levels plus each row's m)
+template <typename B>
+inline void block_q5_x8(const uint8_t* g, int64_t kb, Block32& b) {
+  const uint8_t* p = g + kb * static_cast<int64_t>(sizeof(B));
+  const __m256 d = fp16x8(p);
+  const B& blk = *reinterpret_cast<const B*>(p);
+  if constexpr (std::is_same_v<B, BlockQ5_1x8>)
+    b.s[0] = b.s[1] = spread(d, _mm256_sub_ps(_mm256_setzero_ps(), fp16x8(p + 16)));
+  else
+    b.s[0] = b.s[1] = spread(d, _mm256_mul_ps(d, _mm256_set1_ps(16.0f)));
+  nibble_quads(blk.qs, b);
+  add_fifth_bits(blk.qh, b);
+  b.is_signed = false;
+}
+
 // Q4_Kx8, and Q5_Kx8 (its Q4_Kx8 part, the fifth bits of each level added as bit 4)
 template <typename B>
 inline void block_k_min_x8(const uint8_t* g, int64_t kb, Block32& b) {
@@ -163,16 +192,7 @@ inline void block_k_min_x8(const uint8_t* g, int64_t kb, Block32& b) {
   const __m256i mi = _mm256_and_si256(_mm256_srli_epi32(mw, 8 * (s % 2)), _mm256_set1_epi32(0xff));
   b.s[0] = b.s[1] = spread(_mm256_mul_ps(d, sc), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mi)));
   nibble_quads(p + 160 + 128 * s, b);
-  if constexpr (std::is_same_v<B, BlockQ5_Kx8>) {
-    // chunk c's low (high) nibbles take bit 2c (2c + 1) of the sub-block's fifth-bit bytes
-    __m256i h = load32(p + sizeof(BlockQ4_Kx8) + 32 * s);
-    const __m256i bit4 = _mm256_set1_epi8(0x10);
-    for (int c = 0; c < 4; ++c) {
-      b.q[2 * c] = _mm256_or_si256(b.q[2 * c], _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
-      b.q[2 * c + 1] = _mm256_or_si256(b.q[2 * c + 1], _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
-      h = _mm256_srli_epi16(h, 2);
-    }
-  }
+  if constexpr (std::is_same_v<B, BlockQ5_Kx8>) add_fifth_bits(p + sizeof(BlockQ4_Kx8) + 32 * s, b);
   b.is_signed = false;
 }
 
@@ -207,6 +227,8 @@ inline void block_of(QuantType type, const uint8_t* g, int64_t kb, Block32& b) {
     case QuantType::kQ8_0x8: return block_q8_0x8(g, kb, b);
     case QuantType::kQ4_0x8: return block_q4_0x8(g, kb, b);
     case QuantType::kQ4_Zx8: return block_q4_zx8(g, kb, b);
+    case QuantType::kQ5_0x8: return block_q5_x8<BlockQ5_0x8>(g, kb, b);
+    case QuantType::kQ5_1x8: return block_q5_x8<BlockQ5_1x8>(g, kb, b);
     case QuantType::kQ4_Kx8: return block_k_min_x8<BlockQ4_Kx8>(g, kb, b);
     case QuantType::kQ5_Kx8: return block_k_min_x8<BlockQ5_Kx8>(g, kb, b);
     default: return block_q6_kx8(g, kb, b);

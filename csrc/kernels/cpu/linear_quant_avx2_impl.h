@@ -420,6 +420,8 @@ void quant_linear_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
     case QuantType::kQ5_K:
     case QuantType::kQ6_K: return rows256(a, n0, n1);
     case QuantType::kQ4_0x8:
+    case QuantType::kQ5_0x8:
+    case QuantType::kQ5_1x8:
     case QuantType::kQ8_0x8:
     case QuantType::kQ4_Zx8:
     case QuantType::kQ4_Kx8:

@@ -69,11 +69,12 @@ inline void nibble_dots(const uint8_t* qs, const int8_t* const* xq, __m256i* s) 
 #endif
 }
 
-// As nibble_dots, levels of 5 bits: Q5_Kx8's sub-block, its low 4 bits in nibbles (qs) and its
-// fifth bits in qh (bit 2c, 2c + 1 of a byte: chunk c's low, high nibble; pyengine/cpu_quant.h),
+// As nibble_dots, levels of 5 bits: a Q5_Kx8 sub-block or a Q5_0x8 / Q5_1x8 block, its low 4 bits
+// in nibbles (qs) and its fifth bits in qh (bit 2c, 2c + 1 of a byte: chunk c's low, high nibble; pyengine/cpu_quant.h),
 // the levels (0..31) put together in bytes. Without VNNI two int16 sums (chunks 0-1, 2-3: 8
 // products of up to 31 * 127 a lane each), both scaled by sc into s; with VNNI one int32 sum.
-template <int MB>
+// kScaled false (Q5_0x8, Q5_1x8: a scale per block, applied in fp32): the int32 sums, unscaled.
+template <int MB, bool kScaled = true>
 inline void nibble5_dots(const uint8_t* qs, const uint8_t* qh, const int8_t* const* xq, __m256i sc, __m256i* s) {
   const __m256i low4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
   __m256i h = load32(qh);  // shifted right 2 bits a chunk (16-bit lanes: bits 0, 1 of a byte stay its own)
@@ -95,11 +96,12 @@ inline void nibble5_dots(const uint8_t* qs, const uint8_t* qh, const int8_t* con
       acc = dot_add(acc, hi, broadcast4(xq[m] + 8 * c + 4));
     }
   }
+  auto widen = [&](__m256i v) { return kScaled ? dot_scaled(v, sc) : dot_lanes(v); };
   for (int m = 0; m < MB; ++m) {
 #if PYENGINE_QUANT_VNNI
-    s[m] = _mm256_add_epi32(s[m], dot_scaled(part[0][m], sc));
+    s[m] = _mm256_add_epi32(s[m], widen(part[0][m]));
 #else
-    s[m] = _mm256_add_epi32(s[m], _mm256_add_epi32(dot_scaled(part[0][m], sc), dot_scaled(part[1][m], sc)));
+    s[m] = _mm256_add_epi32(s[m], _mm256_add_epi32(widen(part[0][m]), widen(part[1][m])));
 #endif
   }
 }
@@ -115,11 +117,14 @@ constexpr bool kBlockPairsM1 = false;
 inline bool block_pairs(const QuantLinearArgs&, int) { return false; }
 #endif
 
-// Q4_0x8 and Q4_Zx8: unsigned 4-bit levels less an offset, 8 for Q4_0, each row's own zero
-// point z for Q4_Z.
+// Q4_0x8, Q4_Zx8, Q5_0x8, Q5_1x8: unsigned 4- or 5-bit levels less an offset, 8 for Q4_0, 16 for
+// Q5_0, each row's own zero point z for Q4_Z; Q5_1 adds each row's m instead.
 template <typename B, int MB>
 void group_nibbles_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
   constexpr bool kZeroPoints = std::is_same_v<B, BlockQ4_Zx8>;
+  constexpr bool kMin = std::is_same_v<B, BlockQ5_1x8>;
+  constexpr bool kFifthBits = kMin || std::is_same_v<B, BlockQ5_0x8>;
+  constexpr bool kPairs = kBlockPairsM1 && MB == 1 && !kFifthBits;
   const int32_t nb = a.K / kQK;
   const auto* w = reinterpret_cast<const B*>(a.w + g * kRows8 * a.wrow_bytes);
   const ActQ8_32* x[MB];
@@ -135,7 +140,7 @@ void group_nibbles_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* o
     __m256i s[MB];
     for (int m = 0; m < MB; ++m) s[m] = _mm256_setzero_si256();
 #if PYENGINE_QUANT_VNNI == 2
-    if constexpr (MB == 1) {  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
+    if constexpr (kPairs) {  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
       if (b % 2 == 0) {
         const bool two = b + 1 < nb;
         pair_sums = nibble_sums2(wb.qs, two ? sizeof(B) : 0, x[0][b].qs, two ? sizeof(ActQ8_32) : 0);
@@ -143,20 +148,30 @@ void group_nibbles_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* o
       s[0] = b % 2 == 0 ? _mm512_castsi512_si256(pair_sums) : _mm512_extracti64x4_epi64(pair_sums, 1);
     }
 #endif
-    if (!(kBlockPairsM1 && MB == 1)) {
+    if constexpr (!kPairs) {
       const int8_t* xq[MB];
       for (int m = 0; m < MB; ++m) xq[m] = x[m][b].qs;
-      nibble_dots<MB>(wb.qs, xq, s);
+      if constexpr (kFifthBits)
+        nibble5_dots<MB, false>(wb.qs, wb.qh, xq, _mm256_setzero_si256(), s);  // (int32 sums)
+      else
+        nibble_dots<MB>(wb.qs, xq, s);
     }
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.d)));
-    __m256 z;  // Q4_Z: the rows' zero points
+    [[maybe_unused]] __m256 z = _mm256_setzero_ps();  // Q4_Z: the rows' zero points; Q5_1: their m
     if constexpr (kZeroPoints)
       z = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.z))));
+    if constexpr (kMin) z = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.m)));
     for (int m = 0; m < MB; ++m) {
       // d_w * (d_x * sum(q x) - offset * d_x * sum(x)); s8 = 8 d_x sum(x), so s8 / 8 exactly d_x sum(x)
-      const __m256 off = kZeroPoints ? _mm256_mul_ps(z, _mm256_set1_ps(x[m][b].s8 * 0.125f)) : _mm256_set1_ps(x[m][b].s8);
-      const __m256 dot = _mm256_cvtepi32_ps(dot_lanes(s[m]));
-      acc[m] = _mm256_fmadd_ps(dw, _mm256_fmsub_ps(dot, _mm256_set1_ps(x[m][b].d), off), acc[m]);
+      const __m256 dot = _mm256_cvtepi32_ps(kFifthBits ? s[m] : dot_lanes(s[m]));
+      if constexpr (kMin) {  // d_w * d_x * sum(q x) + m * d_x * sum(x)
+        acc[m] = _mm256_fmadd_ps(dw, _mm256_mul_ps(dot, _mm256_set1_ps(x[m][b].d)), acc[m]);
+        acc[m] = _mm256_fmadd_ps(z, _mm256_set1_ps(x[m][b].s8 * 0.125f), acc[m]);
+      } else {
+        const __m256 off = kZeroPoints ? _mm256_mul_ps(z, _mm256_set1_ps(x[m][b].s8 * 0.125f))
+                                       : _mm256_set1_ps(kFifthBits ? 2.0f * x[m][b].s8 : x[m][b].s8);
+        acc[m] = _mm256_fmadd_ps(dw, _mm256_fmsub_ps(dot, _mm256_set1_ps(x[m][b].d), off), acc[m]);
+      }
     }
   }
   for (int m = 0; m < MB; ++m) out[m] = acc[m];
@@ -327,6 +342,8 @@ void group_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out) {
     case QuantType::kQ4_0x8: return group_nibbles_x8<BlockQ4_0x8, MB>(a, m0, g, out);
     case QuantType::kQ8_0x8: return group_q8_0x8<MB>(a, m0, g, out);
     case QuantType::kQ4_Zx8: return group_nibbles_x8<BlockQ4_Zx8, MB>(a, m0, g, out);
+    case QuantType::kQ5_0x8: return group_nibbles_x8<BlockQ5_0x8, MB>(a, m0, g, out);
+    case QuantType::kQ5_1x8: return group_nibbles_x8<BlockQ5_1x8, MB>(a, m0, g, out);
     case QuantType::kQ4_Kx8: return group_k_min_x8<BlockQ4_Kx8, MB>(a, m0, g, out);
     case QuantType::kQ5_Kx8: return group_k_min_x8<BlockQ5_Kx8, MB>(a, m0, g, out);
     default: return group_q6_kx8<MB>(a, m0, g, out);

@@ -74,6 +74,17 @@ struct BlockQ4_0x8 {
   uint16_t d[kRows8];  // fp16
   uint8_t qs[kRows8 * kQK / 2];
 };
+struct BlockQ5_0x8 {
+  uint16_t d[kRows8];  // fp16
+  uint8_t qh[kRows8 * kQK / 8];  // fifth bits (pyengine/cpu_quant.h)
+  uint8_t qs[kRows8 * kQK / 2];  // the low 4 bits, as Q4_0x8's
+};
+struct BlockQ5_1x8 {
+  uint16_t d[kRows8];  // fp16
+  uint16_t m[kRows8];  // fp16
+  uint8_t qh[kRows8 * kQK / 8];
+  uint8_t qs[kRows8 * kQK / 2];
+};
 struct BlockQ4_Zx8 {
   uint16_t d[kRows8];  // fp16
   uint8_t z[kRows8];   // zero points, 0..15
@@ -98,6 +109,8 @@ struct BlockQ6_Kx8 {
 static_assert(sizeof(BlockQ4_0x8) == 8 * sizeof(BlockQ4_0) && sizeof(BlockQ8_0x8) == 8 * sizeof(BlockQ8_0) &&
                   sizeof(BlockQ6_Kx8) == 8 * sizeof(BlockQ6_K),
               "interleaved layouts of Q4_0, Q8_0 and Q6_K take the same bytes");
+static_assert(sizeof(BlockQ5_0x8) == 8 * sizeof(BlockQ5_0) && sizeof(BlockQ5_1x8) == 8 * sizeof(BlockQ5_1),
+              "interleaved layouts of Q5_0 and Q5_1 take the same bytes");
 static_assert(sizeof(BlockQ4_Kx8) == 1184, "Q4_Kx8: 8 x 148 bytes");
 static_assert(sizeof(BlockQ5_Kx8) == 1440, "Q5_Kx8: 8 x 180 bytes");
 static_assert(sizeof(BlockQ4_Zx8) == 152, "Q4_Zx8: 8 x 19 bytes");

@@ -79,6 +79,69 @@ void get_nibble_chunks(const uint8_t* qs, int r, int positions, uint8_t* L) {
     for (int t = 0; t < 4; ++t) L[8 * c + t] = qs[32 * c + 4 * r + t] & 0x0f, L[8 * c + 4 + t] = qs[32 * c + 4 * r + t] >> 4;
 }
 
+// 32 levels' fifth bits: byte 4r + t, bit 2c (2c + 1) from position 8c + t (8c + 4 + t), the
+// positions of the low (high) nibble of byte 4r + t of chunk c (put_nibble_chunks)
+void put_fifth_bits(const uint8_t* L, int r, uint8_t* qh) {
+  for (int t = 0; t < 4; ++t) {
+    uint8_t bits = 0;
+    for (int c = 0; c < 4; ++c)
+      bits = static_cast<uint8_t>(bits | ((L[8 * c + t] >> 4) << (2 * c)) | ((L[8 * c + 4 + t] >> 4) << (2 * c + 1)));
+    qh[4 * r + t] = bits;
+  }
+}
+// ... and back, or'ed into the levels' bit 4
+void get_fifth_bits(const uint8_t* qh, int r, uint8_t* L) {
+  for (int t = 0; t < 4; ++t)
+    for (int c = 0; c < 4; ++c) {
+      L[8 * c + t] = static_cast<uint8_t>(L[8 * c + t] | (((qh[4 * r + t] >> (2 * c)) & 1) << 4));
+      L[8 * c + 4 + t] = static_cast<uint8_t>(L[8 * c + 4 + t] | (((qh[4 * r + t] >> (2 * c + 1)) & 1) << 4));
+    }
+}
+
+// Q5_0 and Q5_1: levels 0..31, the fifth bit of weight i in bit i of qh
+template <typename B>
+void five_bit_levels(const B& b, uint8_t* L) {
+  const uint32_t qh = q5_high_bits(b.qh);
+  for (int i = 0; i < kQK / 2; ++i) {
+    L[i] = static_cast<uint8_t>((b.qs[i] & 0x0f) | (((qh >> i) & 1) << 4));
+    L[i + kQK / 2] = static_cast<uint8_t>((b.qs[i] >> 4) | (((qh >> (i + kQK / 2)) & 1) << 4));
+  }
+}
+template <typename B>
+void set_five_bit_levels(B& b, const uint8_t* L) {
+  uint32_t qh = 0;
+  for (int i = 0; i < kQK; ++i) qh |= static_cast<uint32_t>(L[i] >> 4) << i;
+  for (int i = 0; i < 4; ++i) b.qh[i] = static_cast<uint8_t>(qh >> (8 * i));
+  for (int i = 0; i < kQK / 2; ++i) b.qs[i] = static_cast<uint8_t>((L[i] & 0x0f) | ((L[i + kQK / 2] & 0x0f) << 4));
+}
+template <typename Plain, typename X8>
+void five_bits_to_x8(const Plain* const* in, X8& out) {
+  uint8_t L[kQK];
+  for (int r = 0; r < kRows8; ++r) {
+    out.d[r] = in[r]->d;
+    if constexpr (std::is_same_v<Plain, BlockQ5_1>) out.m[r] = in[r]->m;
+    five_bit_levels(*in[r], L);
+    put_fifth_bits(L, r, out.qh);
+    for (int i = 0; i < kQK; ++i) L[i] &= 0x0f;
+    put_nibble_chunks(L, r, kQK, out.qs);
+  }
+}
+template <typename Plain, typename X8>
+void five_bits_from_x8(const X8& in, Plain* const* out, int r0, int r1) {
+  uint8_t L[kQK];
+  for (int r = r0; r < r1; ++r) {
+    out[r]->d = in.d[r];
+    if constexpr (std::is_same_v<Plain, BlockQ5_1>) out[r]->m = in.m[r];
+    get_nibble_chunks(in.qs, r, kQK, L);
+    get_fifth_bits(in.qh, r, L);
+    set_five_bit_levels(*out[r], L);
+  }
+}
+void to_x8(const BlockQ5_0* const* in, BlockQ5_0x8& out) { five_bits_to_x8(in, out); }
+void from_x8(const BlockQ5_0x8& in, BlockQ5_0* const* out, int r0, int r1) { five_bits_from_x8(in, out, r0, r1); }
+void to_x8(const BlockQ5_1* const* in, BlockQ5_1x8& out) { five_bits_to_x8(in, out); }
+void from_x8(const BlockQ5_1x8& in, BlockQ5_1* const* out, int r0, int r1) { five_bits_from_x8(in, out, r0, r1); }
+
 // Q4_0 and Q4_Z (whose zero points go along; its pad byte comes back 0)
 template <typename Plain, typename X8>
 void nibbles_to_x8(const Plain* const* in, X8& out) {
@@ -133,15 +196,8 @@ void k_to_x8(const Plain* const* in, BlockQ4_Kx8& out, uint8_t (*qh)[kRows8 * kQ
       out.mins[16 * (s / 2) + 2 * r + s % 2] = m;
     }
     k_levels(*in[r], L);
-    if (qh != nullptr)  // byte 4r + t of sub-block s: bit 2c (2c + 1) from position 32s + 8c + t (+ 4)
-      for (int s = 0; s < 8; ++s)
-        for (int t = 0; t < 4; ++t) {
-          uint8_t bits = 0;
-          for (int c = 0; c < 4; ++c)
-            bits = static_cast<uint8_t>(bits | ((L[32 * s + 8 * c + t] >> 4) << (2 * c)) |
-                                        ((L[32 * s + 8 * c + 4 + t] >> 4) << (2 * c + 1)));
-          qh[s][4 * r + t] = bits;
-        }
+    if (qh != nullptr)
+      for (int s = 0; s < 8; ++s) put_fifth_bits(L + 32 * s, r, qh[s]);
     for (int i = 0; i < kQKK; ++i) L[i] &= 0x0f;
     for (int s = 0; s < 8; ++s) put_nibble_chunks(L + 32 * s, r, 32, out.qs + 128 * s);
   }
@@ -156,13 +212,7 @@ void k_from_x8(const BlockQ4_Kx8& in, const uint8_t (*qh)[kRows8 * kQK / 8], Pla
     q4k_pack_scale_min(sc, m, out[r]->scales);
     for (int s = 0; s < 8; ++s) get_nibble_chunks(in.qs + 128 * s, r, 32, L + 32 * s);
     if (qh != nullptr)
-      for (int s = 0; s < 8; ++s)
-        for (int t = 0; t < 4; ++t)
-          for (int c = 0; c < 4; ++c) {
-            L[32 * s + 8 * c + t] = static_cast<uint8_t>(L[32 * s + 8 * c + t] | (((qh[s][4 * r + t] >> (2 * c)) & 1) << 4));
-            L[32 * s + 8 * c + 4 + t] =
-                static_cast<uint8_t>(L[32 * s + 8 * c + 4 + t] | (((qh[s][4 * r + t] >> (2 * c + 1)) & 1) << 4));
-          }
+      for (int s = 0; s < 8; ++s) get_fifth_bits(qh[s], r, L + 32 * s);
     k_set_levels(*out[r], L);
   }
 }
@@ -227,6 +277,8 @@ void convert(QuantType interleaved, const uint8_t* src, uint8_t* dst, int64_t ro
   switch (interleaved) {
     case QuantType::kQ4_0x8: return convert_group<BlockQ4_0, BlockQ4_0x8, kToX8>(src, dst, row_bytes, K / kQK, r0, r1);
     case QuantType::kQ8_0x8: return convert_group<BlockQ8_0, BlockQ8_0x8, kToX8>(src, dst, row_bytes, K / kQK, r0, r1);
+    case QuantType::kQ5_0x8: return convert_group<BlockQ5_0, BlockQ5_0x8, kToX8>(src, dst, row_bytes, K / kQK, r0, r1);
+    case QuantType::kQ5_1x8: return convert_group<BlockQ5_1, BlockQ5_1x8, kToX8>(src, dst, row_bytes, K / kQK, r0, r1);
     case QuantType::kQ4_Zx8: return convert_group<BlockQ4_Z, BlockQ4_Zx8, kToX8>(src, dst, row_bytes, K / kQK, r0, r1);
     case QuantType::kQ4_Kx8: return convert_group<BlockQ4_K, BlockQ4_Kx8, kToX8>(src, dst, row_bytes, K / kQKK, r0, r1);
     case QuantType::kQ5_Kx8: return convert_group<BlockQ5_K, BlockQ5_Kx8, kToX8>(src, dst, row_bytes, K / kQKK, r0, r1);
@@ -253,6 +305,8 @@ QuantType interleaved_type(QuantType type) {
   switch (type) {
     case QuantType::kQ4_0: return QuantType::kQ4_0x8;
     case QuantType::kQ8_0: return QuantType::kQ8_0x8;
+    case QuantType::kQ5_0: return QuantType::kQ5_0x8;
+    case QuantType::kQ5_1: return QuantType::kQ5_1x8;
     case QuantType::kQ4_Z: return QuantType::kQ4_Zx8;
     case QuantType::kQ4_K: return QuantType::kQ4_Kx8;
     case QuantType::kQ5_K: return QuantType::kQ5_Kx8;
@@ -265,6 +319,8 @@ QuantType plain_type(QuantType type) {
   switch (type) {
     case QuantType::kQ4_0x8: return QuantType::kQ4_0;
     case QuantType::kQ8_0x8: return QuantType::kQ8_0;
+    case QuantType::kQ5_0x8: return QuantType::kQ5_0;
+    case QuantType::kQ5_1x8: return QuantType::kQ5_1;
     case QuantType::kQ4_Zx8: return QuantType::kQ4_Z;
     case QuantType::kQ4_Kx8: return QuantType::kQ4_K;
     case QuantType::kQ5_Kx8: return QuantType::kQ5_K;

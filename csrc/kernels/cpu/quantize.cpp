@@ -466,6 +466,8 @@ QuantFormat quant_format(QuantType type) {
     case QuantType::kQ6_K: return {"q6_k", kQKK, static_cast<int32_t>(sizeof(BlockQ6_K))};
     case QuantType::kQ4_0x8: return {"q4_0x8", kQK, static_cast<int32_t>(sizeof(BlockQ4_0x8) / kRows8)};
     case QuantType::kQ8_0x8: return {"q8_0x8", kQK, static_cast<int32_t>(sizeof(BlockQ8_0x8) / kRows8)};
+    case QuantType::kQ5_0x8: return {"q5_0x8", kQK, static_cast<int32_t>(sizeof(BlockQ5_0x8) / kRows8)};
+    case QuantType::kQ5_1x8: return {"q5_1x8", kQK, static_cast<int32_t>(sizeof(BlockQ5_1x8) / kRows8)};
     case QuantType::kQ4_Zx8: return {"q4_zx8", kQK, static_cast<int32_t>(sizeof(BlockQ4_Zx8) / kRows8)};
     case QuantType::kQ4_Kx8: return {"q4_kx8", kQKK, static_cast<int32_t>(sizeof(BlockQ4_Kx8) / kRows8)};
     case QuantType::kQ5_Kx8: return {"q5_kx8", kQKK, static_cast<int32_t>(sizeof(BlockQ5_Kx8) / kRows8)};
@@ -473,8 +475,8 @@ QuantFormat quant_format(QuantType type) {
   }
   fail("type: unknown quantization type id " + std::to_string(static_cast<int32_t>(type)) +
        " (known: 2 = q4_0, 6 = q5_0, 7 = q5_1, 8 = q8_0, 12 = q4_k, 13 = q5_k, 14 = q6_k, 100 = q4_z; "
-       "interleaved: 202 = q4_0x8, "
-       "208 = q8_0x8, 212 = q4_kx8, 213 = q5_kx8, 214 = q6_kx8, 300 = q4_zx8)");
+       "interleaved: 202 = q4_0x8, 206 = q5_0x8, 207 = q5_1x8, 208 = q8_0x8, 212 = q4_kx8, 213 = q5_kx8, "
+       "214 = q6_kx8, 300 = q4_zx8)");
   return {};
 }
 
