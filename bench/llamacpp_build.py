@@ -54,7 +54,8 @@ TOOLS = ("llama-bench", "llama-batched-bench", "llama-quantize", "llama-perplexi
 STAMP = "pyengine-stamp.json"
 CONVERT_SCHEME = 1  # bump when the conversion wrapper changes what it writes
 # GGUF types made from the f32 GGUF by llama-quantize: file suffix -> llama-quantize's type name
-QUANTIZED_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M"}
+QUANTIZED_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_s": "Q4_K_S", "q4_k_m": "Q4_K_M", "q5_k_s": "Q5_K_S",
+                   "q5_k_m": "Q5_K_M"}
 # tensor types llama-quantize may give the output projection (--output-tensor-type) that pyengine
 # also has (its lm_head_quantization=)
 OUTPUT_TENSOR_TYPES = ("q8_0", "q5_0", "q5_1", "q4_0", "q4_k", "q5_k", "q6_k")
@@ -380,7 +381,7 @@ def gguf_files(lc: LlamaCpp, checkpoint: Path, name: str, outtypes: list[str], l
     """{outtype: GGUF file} of the checkpoint, converted once per checkpoint content (its
     digest) and llama.cpp version, and reused afterwards (kept under ``root``, by default the
     build's ``gguf`` folder). ``outtypes``: the converter's ``f32``/``bf16``, or a key of
-    ``QUANTIZED_TYPES`` (``q8_0``, ``q4_0``, ``q4_k_m``, ``q5_k_m``): the f32 file quantized by
+    ``QUANTIZED_TYPES`` (``q8_0``, ``q4_0``, ``q4_k_s``, ``q4_k_m``, ...): the f32 file quantized by
     ``llama-quantize`` (with ``threads`` threads), made again whenever the f32 file is. ``output_type``: the quantized files' output projection in that type
     (output_type_args; files of their own, quantized_key)."""
     from bench.common import checkpoints  # noqa: PLC0415

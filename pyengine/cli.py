@@ -307,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="prompt + generated tokens per request (default: the model's max_position_embeddings)")
         p.add_argument("--quantization", default=None, metavar="FORMAT",
                        help="quantize a float checkpoint's weights at load: q8_0, q5_0, q5_1, q4_0, q4_k, q5_k, "
-                            "q6_k, q4_k_m or q5_k_m (llama.cpp's block formats; needs --dtype float32 on the CPU)")
+                            "q6_k, or llama.cpp's mixtures q4_k_s, q4_k_m, q5_k_s, q5_k_m (llama.cpp's block "
+                            "formats; needs --dtype float32 on the CPU)")
         p.add_argument("--lm-head-quantization", default=None, metavar="FORMAT",
                        help="with --quantization, the output projection's format instead of q6_k "
                             "(e.g. q4_0: a faster step where the vocabulary is large)")

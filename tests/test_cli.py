@@ -155,7 +155,7 @@ def test_generate_quantized_at_load(llama_dir):
 def test_quantization_flag_errors_are_one_line(llama_dir):
     base = ["generate", "--model", str(llama_dir), "--prompt", PROMPT]
     assert_one_line_error(pyengine(*base, "--quantization", "q4_1"), "start-up failed in phase 'config'",
-                          "unsupported quantization format 'q4_1'", "q4_k_m, q5_k_m")
+                          "unsupported quantization format 'q4_1'", "q4_k_s, q4_k_m, q5_k_s, q5_k_m")
     assert_one_line_error(pyengine(*base, "--lm-head-quantization", "q4_0"),
                           "lm_head_quantization='q4_0' needs quantization=")
     assert_one_line_error(pyengine(*base, "--no-quantize-lm-head"), "quantize_lm_head=False needs quantization=")

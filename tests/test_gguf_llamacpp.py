@@ -1,7 +1,8 @@
 """GGUF files made by llama.cpp's own tools from a tiny checkpoint -- its converter
-(convert_hf_to_gguf.py) and llama-quantize (Q8_0, Q4_0, Q4_K_M, Q5_K_M) -- load in pyengine and decode,
-greedy, the tokens llama.cpp decodes from them (bench/cpp/llamacpp_greedy.cpp: greedy decoding
-through llama.cpp's C API, printing each token's id and how near a tie it was).
+(convert_hf_to_gguf.py) and llama-quantize (Q8_0, Q4_0, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M) -- hold
+the blocks of pyengine's quantize-on-load, load in pyengine and decode, greedy, the tokens
+llama.cpp decodes from them (bench/cpp/llamacpp_greedy.cpp: greedy decoding through llama.cpp's
+C API, printing each token's id and how near a tie it was).
 
 The two engines compute the same quantized blocks (llama-quantize's, which pyengine's own
 quantizers reproduce byte for byte) with 8-bit activation blocks, each in its own rounding and
@@ -38,7 +39,8 @@ from bench import llamacpp_build  # noqa: E402
 
 # llama-quantize's type -> the GGUF file's name in llamacpp_build, also pyengine's quantization= of
 # the same mixture
-TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K_M": "q4_k_m", "Q5_K_M": "q5_k_m"}
+TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K_S": "q4_k_s", "Q4_K_M": "q4_k_m", "Q5_K_S": "q5_k_s",
+         "Q5_K_M": "q5_k_m"}
 GENERATED = 24
 F16_KV = KvCacheConfig(dtype="float16")  # llama.cpp's default cache (and pyengine's for quantized weights)
 
@@ -120,8 +122,8 @@ def test_llama_quantize_files_hold_the_blocks_of_quantize_on_load(gguf_files, ch
     Engine(checkpoint, quantization=...) makes of the checkpoint: pyengine's mixtures follow
     llama.cpp's rules and its quantizers are llama.cpp's reference ones."""
     formats = assert_file_holds_quantize_on_load_blocks(gguf_files[qtype], checkpoint, TYPES[qtype])
-    assert formats == {"Q8_0": {"q8_0"}, "Q4_0": {"q4_0", "q6_k"}, "Q4_K_M": {"q4_k", "q6_k"},
-                       "Q5_K_M": {"q5_k", "q6_k"}}[qtype]
+    assert formats == {"Q8_0": {"q8_0"}, "Q4_0": {"q4_0", "q6_k"}, "Q4_K_S": {"q4_k", "q5_k", "q6_k"},
+                       "Q4_K_M": {"q4_k", "q6_k"}, "Q5_K_S": {"q5_k", "q6_k"}, "Q5_K_M": {"q5_k", "q6_k"}}[qtype]
 
 
 def test_float_file_gives_llama_cpps_tokens_exactly(llama_cpp, gguf_files):

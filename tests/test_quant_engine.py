@@ -195,7 +195,7 @@ def test_no_float_copy_of_quantized_weights(llama_q_dir):
 @pytest.mark.parametrize("kwargs,phase,message", [
     (dict(quantization="q4_1"), "config",
      "unsupported quantization format 'q4_1'; supported: q8_0, q5_0, q5_1, q4_0, q4_k, q5_k, q6_k, q4_z; or a "
-     "mixture: q4_k_m, q5_k_m"),
+     "mixture: q4_k_s, q4_k_m, q5_k_s, q5_k_m"),
     (dict(quantization="q4_0", dtype="bfloat16"), "config",
      "quantization='q4_0' computes with float32 activations on the CPU: dtype must be 'float32', got torch.bfloat16"),
     (dict(quantization="q4_0", quantize_lm_head="yes"), "config", "quantize_lm_head must be a bool, got 'yes'"),
@@ -259,3 +259,22 @@ def test_k_m_mixtures_are_llama_cpps(checkpoint_factory, mixture, base):
         assert engine._runner.model.layers[i]["qkv"].formats == ([base, "q6_k"] if i in more else [base])
     assert report["lm_head.weight"] == "q6_k"
     check_greedy_against_reference(engine, model_dir)
+
+
+def test_q4_k_s_is_llama_cpps_mixture(checkpoint_factory):
+    """q4_k_s: Q4_K, with the v projections of the first 4 layers and the down projections of the
+    first eighth (layer 0 of 8) in Q5_K, the output projection Q6_K; q5_k_s is q5_k.
+    (test_gguf_llamacpp compares llama-quantize's Q4_K_S and Q5_K_S files byte for byte.)"""
+    model_dir = checkpoint_factory("llama_q_8layers", model_type="llama", hidden_size=256, intermediate_size=512,
+                                   num_heads=4, num_kv_heads=2, num_layers=8)
+    engine = Engine(model_dir, quantization="q4_k_s", kv_cache_config=FP32_KV)
+    report = engine._parts.quant_plan.report
+    for i in range(8):
+        assert report[f"model.layers.{i}.self_attn.v_proj.weight"] == ("q5_k" if i < 4 else "q4_k")
+        assert report[f"model.layers.{i}.mlp.down_proj.weight"] == ("q5_k" if i == 0 else "q4_k")
+        assert report[f"model.layers.{i}.self_attn.k_proj.weight"] == "q4_k"
+    assert report["lm_head.weight"] == "q6_k"
+    check_greedy_against_reference(engine, model_dir)
+    engine.shutdown()
+    q5_k_s = Engine(model_dir, quantization="Q5_K_S")._parts.quant_plan.report
+    assert q5_k_s == Engine(model_dir, quantization="q5_k")._parts.quant_plan.report

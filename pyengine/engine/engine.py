@@ -65,8 +65,8 @@ class Engine:
         model's weights on the machine of bench/README.md), for a copy's time at start-up.
         startup_report()["weight_memory"] says how many bytes the kernel backs with huge pages.
     quantization: quantize the checkpoint's float weights at load, into one of llama.cpp's block
-        formats: "q8_0", "q5_0", "q5_1", "q4_0", "q4_k", "q5_k", "q6_k", or "q4_k_m" / "q5_k_m"
-        (llama.cpp's Q4_K_M / Q5_K_M mixtures)
+        formats: "q8_0", "q5_0", "q5_1", "q4_0", "q4_k", "q5_k", "q6_k", or one of llama.cpp's
+        mixtures "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m"
         (round to nearest, as llama-quantize does without an
         importance matrix; see `pyengine.quant`). The linear layers take that format (where a
         layer's rows do not fit it, the next one that fits); the output projection Q6_K (Q8_0 if

@@ -10,9 +10,11 @@ rules for a model quantized without an importance matrix:
 - norms and biases stay in the model's dtype.
 
 With ``quantize_lm_head=False`` the embedding table and lm_head stay in the model's dtype.
-``"q4_k_m"`` and ``"q5_k_m"`` are llama.cpp's Q4_K_M and Q5_K_M mixtures: Q4_K (Q5_K), with the
-v projection and the MLP's down projection of the layers `use_more_bits` picks in Q6_K.
-(``"q5_k"`` alone is llama.cpp's Q5_K_S.)
+The mixtures of llama.cpp's file types (``MIXTURES``): ``"q4_k_m"`` / ``"q5_k_m"`` (Q4_K_M,
+Q5_K_M): Q4_K (Q5_K), with the v projection and the MLP's down projection of the layers
+`use_more_bits` picks in Q6_K; ``"q4_k_s"`` (Q4_K_S): Q4_K, with the v projection of the first 4
+layers and the down projection of the first eighth in Q5_K; ``"q5_k_s"`` (Q5_K_S): Q5_K, the
+same as ``"q5_k"``.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "q5_0": "q8_0", "q5_
             "q4_z": "q8_0", "q8_0": None}
 
 
-#: quantization methods that are mixtures: name -> its base format
-MIXTURES = {"q4_k_m": "q4_k", "q5_k_m": "q5_k"}
+#: quantization methods that are mixtures (llama.cpp's file types): name -> its base format
+MIXTURES = {"q4_k_s": "q4_k", "q4_k_m": "q4_k", "q5_k_s": "q5_k", "q5_k_m": "q5_k"}
 
 
 def use_more_bits(layer: int, num_layers: int) -> bool:
@@ -57,6 +59,8 @@ class QuantPlan:
     # Q4_K_M, Q5_K_M: some layers' v and down projections in Q6_K (use_more_bits); needs num_layers
     more_bits: bool = False
     num_layers: int = 0
+    # Q4_K_S: the first layers' v and down projections in Q5_K; needs num_layers
+    first_layers_q5_k: bool = False
     # the output projection's format (lm_head, or the embedding table when tied) in place of
     # llama.cpp's choice; None: that choice (llama-quantize's --output-tensor-type)
     output_format: str | None = None
@@ -66,12 +70,13 @@ class QuantPlan:
     @classmethod
     def create(cls, method: str, tied_embeddings: bool, quantize_lm_head: bool = True,
                num_layers: int = 0, output_format: str | None = None) -> "QuantPlan":
-        """`method`: a format name, or "q4_k_m" / "q5_k_m" (llama.cpp's mixtures). `output_format`: a
+        """`method`: a format name, or one of MIXTURES (llama.cpp's file types). `output_format`: a
         format name for the output projection instead of llama.cpp's choice."""
         output = None if output_format is None else quant_format(output_format).name
         if method in MIXTURES:
-            return cls(quant_format(MIXTURES[method]), tied_embeddings, quantize_lm_head, True, num_layers,
-                       output_format=output)
+            return cls(quant_format(MIXTURES[method]), tied_embeddings, quantize_lm_head,
+                       more_bits=method.endswith("_m"), num_layers=num_layers,
+                       first_layers_q5_k=method == "q4_k_s", output_format=output)
         return cls(quant_format(method), tied_embeddings, quantize_lm_head, output_format=output)
 
     def wanted_format(self, name: str, shape: tuple[int, ...]) -> str | None:
@@ -79,9 +84,13 @@ class QuantPlan:
         not fit it; None: it stays in the model's dtype."""
         if len(shape) != 2:
             return None
-        if self.more_bits and name.endswith(("self_attn.v_proj.weight", "mlp.down_proj.weight")):
-            if use_more_bits(int(name.split(".")[2]), self.num_layers):  # model.layers.<i>.
+        if name.endswith(("self_attn.v_proj.weight", "mlp.down_proj.weight")):
+            layer = int(name.split(".")[2])  # model.layers.<i>.
+            if self.more_bits and use_more_bits(layer, self.num_layers):
                 return "q6_k"
+            # llama.cpp's Q4_K_S: v of the first 4 layers, down of the first eighth
+            if self.first_layers_q5_k and layer < (4 if "v_proj" in name else self.num_layers // 8):
+                return "q5_k"
         is_output = name == _LM_HEAD or (name == _EMBED and self.tied_embeddings)
         if is_output or name == _EMBED:
             if not self.quantize_lm_head:

@@ -70,10 +70,11 @@ inline void nibble_dots(const uint8_t* qs, const int8_t* const* xq, __m256i* s) 
 }
 
 // As nibble_dots, levels of 5 bits: a Q5_Kx8 sub-block or a Q5_0x8 / Q5_1x8 block, its low 4 bits
-// in nibbles (qs) and its fifth bits in qh (bit 2c, 2c + 1 of a byte: chunk c's low, high nibble; pyengine/cpu_quant.h),
-// the levels (0..31) put together in bytes. Without VNNI two int16 sums (chunks 0-1, 2-3: 8
-// products of up to 31 * 127 a lane each), both scaled by sc into s; with VNNI one int32 sum.
-// kScaled false (Q5_0x8, Q5_1x8: a scale per block, applied in fp32): the int32 sums, unscaled.
+// in nibbles (qs) and its fifth bits in qh (bit 2c, 2c + 1 of a byte: chunk c's low, high nibble;
+// pyengine/cpu_quant.h), the levels (0..31) put together in bytes. Without VNNI two int16 sums
+// (chunks 0-1, 2-3: 8 products of up to 31 * 127 a lane each), both scaled by sc into s; with
+// VNNI one int32 sum. kScaled false (Q5_0x8, Q5_1x8: a scale per block, applied in fp32): the
+// int32 sums, unscaled.
 template <int MB, bool kScaled = true>
 inline void nibble5_dots(const uint8_t* qs, const uint8_t* qh, const int8_t* const* xq, __m256i sc, __m256i* s) {
   const __m256i low4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);

@@ -60,7 +60,8 @@ struct BlockQ6_K {
 };
 static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24,
               "llama.cpp block sizes");
-static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210, "llama.cpp block sizes");
+static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210,
+              "llama.cpp block sizes");
 static_assert(sizeof(BlockQ4_Z) == 20, "pyengine's Q4_Z");
 
 // The interleaved layouts (8 rows side by side; pyengine/cpu_quant.h describes them): one group
