@@ -105,9 +105,9 @@ class QuantizedWeight:
         return QuantizedWeight([(f, d[0] if len(d) == 1 else torch.cat(d)) for f, d in groups], k)
 
     def interleaved(self) -> "QuantizedWeight":
-        """The same weights with each row group whose format has an interleaved layout (Q8_0, Q4_0,
-        Q4_Z, Q4_K, Q6_K) and whose rows are a multiple of 8 in that layout; the values, and the results of
-        every operation but for the order of the fp32 sums, are the same. Returns `self` when no
+        """The same weights with each row group whose format has an interleaved layout (every
+        format has one) and whose rows are a multiple of 8 in that layout; the values, and the
+        results of every operation but for the order of the fp32 sums, are the same. Returns `self` when no
         group changes (and for weights on a GPU, which reads llama.cpp's layouts)."""
         if self.device.type != "cpu":
             return self

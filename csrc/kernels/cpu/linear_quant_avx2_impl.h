@@ -1,7 +1,7 @@
 // The AVX2 compute code of the quantized linear kernel: 8-bit integer block dot products with
 // vpmaddubsw / vpmaddwd (32 weight-activation products per instruction pair) or, in the VNNI
-// builds, vpdpbusd (32 per instruction), exact within a block (Q8_0, Q5_0, Q4_0, Q4_Z) or
-// super-block (Q4_K, Q6_K), scaled into fp32 sums. Included (through linear_quant_x86_build.h) by
+// builds, vpdpbusd (32 per instruction), exact within a block (Q8_0, Q5_0, Q5_1, Q4_0, Q4_Z) or
+// super-block (Q4_K, Q5_K, Q6_K), scaled into fp32 sums. Included (through linear_quant_x86_build.h) by
 // linear_quant_avx2.cpp, by linear_quant_avx512.cpp, which compiles the same code for the
 // AVX-512 level (a CPU with AVX-512 has AVX2), and by their VNNI builds
 // (linear_quant_*_vnni.cpp, PYENGINE_QUANT_VNNI set): the integer sums are exact either way, so

@@ -1,8 +1,9 @@
 // The AVX2 compute code of the quantized linear kernel for the interleaved layouts (Q8_0x8,
-// Q4_0x8, Q4_Zx8, Q4_Kx8, Q6_Kx8; pyengine/cpu_quant.h): a 32-byte vector holds 4 levels of each
-// of 8 weight rows, so one vpmaddubsw (VNNI: vpdpbusd; see dot_add) against 4 activations
-// broadcast to every lane advances all 8 rows' dot products at once; the sums stay one row per 32-bit lane to the end (no horizontal sums), and
-// 8 rows' fp16 scales convert in one instruction. The levels of a group block are unpacked once
+// Q5_0x8, Q5_1x8, Q4_0x8, Q4_Zx8, Q4_Kx8, Q5_Kx8, Q6_Kx8; pyengine/cpu_quant.h): a 32-byte vector
+// holds 4 levels of each of 8 weight rows, so one vpmaddubsw (VNNI: vpdpbusd; see dot_add)
+// against 4 activations broadcast to every lane advances all 8 rows' dot products at once; the
+// sums stay one row per 32-bit lane to the end (no horizontal sums), and 8 rows' fp16 scales
+// convert in one instruction. The levels of a group block are unpacked once
 // and reused for up to kMBx8 rows of x; each row of x sums its blocks in the same order whatever
 // the number of rows, so a row's result does not depend on the batch it is in.
 //
