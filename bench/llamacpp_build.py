@@ -381,9 +381,10 @@ def gguf_files(lc: LlamaCpp, checkpoint: Path, name: str, outtypes: list[str], l
     """{outtype: GGUF file} of the checkpoint, converted once per checkpoint content (its
     digest) and llama.cpp version, and reused afterwards (kept under ``root``, by default the
     build's ``gguf`` folder). ``outtypes``: the converter's ``f32``/``bf16``, or a key of
-    ``QUANTIZED_TYPES`` (``q8_0``, ``q4_0``, ``q4_k_s``, ``q4_k_m``, ...): the f32 file quantized by
-    ``llama-quantize`` (with ``threads`` threads), made again whenever the f32 file is. ``output_type``: the quantized files' output projection in that type
-    (output_type_args; files of their own, quantized_key)."""
+    ``QUANTIZED_TYPES`` (``q8_0``, ``q4_0``, ``q4_k_s``, ``q4_k_m``, ...): the f32 file quantized
+    by ``llama-quantize`` (with ``threads`` threads), made again whenever the f32 file is.
+    ``output_type``: the quantized files' output projection in that type (output_type_args;
+    files of their own, quantized_key)."""
     from bench.common import checkpoints  # noqa: PLC0415
 
     digest = checkpoints.checkpoint_digest(checkpoint)[:16]

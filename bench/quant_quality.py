@@ -8,14 +8,15 @@ first in every chunk; starting with it keeps both tools on the same tokens).
 pyengine: the reference is Engine(model, dtype="float32") -- the checkpoint's weights (fp32 for
 smollm-135m-shape, bf16 values for qwen3-0.6b-shape) computed in fp32 -- and each format is
 Engine(model, dtype="float32", quantization=fmt) (q4_k: "q4_k_m", q5_k: "q5_k_m", the mixtures of
-llama.cpp's Q4_K_M and Q5_K_M files; the KV cache: float16, quantized models' default). Each engine gets the first token of each
-sequence as its prompt and is teacher-forced through the rest by a logits processor (public
-API: SamplingParams.logits_processors sees each step's raw logits row, the whole vocabulary):
-it records the row and forces the sequence's next token. So every position's full distribution
-is compared, not a top-N (prompt_logprobs gives at most 20 per position). Per position:
-KL(reference || quantized) (as llama.cpp's --kl-divergence defines it) and whether the two
-argmaxes agree; reported as mean, p99 and max KL and top-1 agreement, over all positions and
-over the positions llama-perplexity scores (the second half of each sequence).
+llama.cpp's Q4_K_M and Q5_K_M files; the KV cache: float16, quantized models' default). Each
+engine gets the first token of each sequence as its prompt and is teacher-forced through the
+rest by a logits processor (public API: SamplingParams.logits_processors sees each step's raw
+logits row, the whole vocabulary): it records the row and forces the sequence's next token. So
+every position's full distribution is compared, not a top-N (prompt_logprobs gives at most 20
+per position). Per position: KL(reference || quantized) (as llama.cpp's --kl-divergence defines
+it) and whether the two argmaxes agree; reported as mean, p99 and max KL and top-1 agreement,
+over all positions and over the positions llama-perplexity scores (the second half of each
+sequence).
 
 llama.cpp (--llama-cpp, the default when its build is cached): the reference log-probabilities
 are written in llama-perplexity's --kl-divergence-base format (its tokens and its 16-bit

@@ -49,7 +49,8 @@ class QuantFormat:
 
 
 # GGML type ids of the formats the C++ kernels implement.
-_TYPE_IDS = (8, 6, 7, 2, 12, 13, 14, 100)  # q8_0, q5_0, q5_1, q4_0, q4_k, q5_k, q6_k, q4_z (pyengine's: AWQ / GPTQ)
+# q8_0, q5_0, q5_1, q4_0, q4_k, q5_k, q6_k, q4_z (pyengine's: AWQ / GPTQ)
+_TYPE_IDS = (8, 6, 7, 2, 12, 13, 14, 100)
 
 QUANT_FORMATS: dict[str, QuantFormat] = {}
 for _id in _TYPE_IDS:
@@ -67,9 +68,9 @@ _BY_ID = {f.type_id: f for f in [*QUANT_FORMATS.values(), *INTERLEAVED_LAYOUTS.v
 
 
 def quant_format(key: str | int | QuantFormat) -> QuantFormat:
-    """The format named `key` ("q8_0", "q5_0", "q5_1", "q4_0", "q4_k", "q5_k", "q6_k", "q4_z"; any case) or with type id
-    `key` (an interleaved layout's too). ValueError naming the value and the supported formats
-    otherwise."""
+    """The format named `key` ("q8_0", "q5_0", "q5_1", "q4_0", "q4_k", "q5_k", "q6_k", "q4_z"; any
+    case) or with type id `key` (an interleaved layout's too). ValueError naming the value and the
+    supported formats otherwise."""
     if isinstance(key, QuantFormat):
         return key
     if isinstance(key, str) and key.lower() in QUANT_FORMATS:

@@ -90,7 +90,8 @@ void check_against_reference(QuantType t, int32_t M, int32_t N, int32_t K, std::
   if (t == QuantType::kQ4_K || t == QuantType::kQ5_K || t == QuantType::kQ5_1) {
     const size_t block_bytes = quant_format(t).block_bytes;
     std::vector<uint8_t> zeroed = plain;
-    for (size_t b = 0; b < zeroed.size(); b += block_bytes) std::memset(&zeroed[b + levels_at], 0, block_bytes - levels_at);
+    for (size_t b = 0; b < zeroed.size(); b += block_bytes)
+      std::memset(&zeroed[b + levels_at], 0, block_bytes - levels_at);
     dequantize_rows(t, zeroed.data(), offsets.data(), N, K);
   }
   for (int32_t m = 0; m < M; ++m)
