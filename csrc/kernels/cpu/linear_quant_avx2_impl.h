@@ -178,6 +178,17 @@ inline __m256i broadcast_word(__m256i v16, int j) {
   return _mm256_shuffle_epi8(v16, pick);
 }
 
+// The fifth bits of 5-bit levels (Q5_K, Q5_0x8, Q5_1x8), for chunk c of 32 nibble bytes: bits 2c
+// (the low nibbles' levels) and 2c + 1 (the high ones') of each byte of h or'ed into lo and hi
+// as bit 4; h then moves on to the next chunk's bits (a right shift of 16-bit lanes: bits 0 and
+// 1 of each byte stay its own).
+inline void or_fifth_bits(__m256i& h, __m256i& lo, __m256i& hi) {
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
+  hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
+  h = _mm256_srli_epi16(h, 2);
+}
+
 // Q4_K and Q5_K (B): per super-block the integer sums stay in vectors and go into fp32 vector
 // accumulators (the scaled levels and the mins' term apart), one horizontal sum per row at the
 // end: the same order for every MB. Q5_K's fifth bits join the nibbles as bit 4 (levels up to 31:
@@ -192,7 +203,6 @@ void row_k_min(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
   __m256 acc[MB], accmin[MB];
   for (int m = 0; m < MB; ++m) acc[m] = accmin[m] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0f);
-  const __m256i bit4 = _mm256_set1_epi8(0x10);
   for (int32_t b = 0; b < nb; ++b) {
     const B& wb = w[b];
     if (MB == 1) prefetch_l2(reinterpret_cast<const char*>(&wb) + kPrefetchBytes);
@@ -201,18 +211,13 @@ void row_k_min(const QuantLinearArgs& a, int32_t m0, int32_t n, float* out) {
     const __m256i mins = _mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8));          // 8 mins
     __m256i sumi[MB];
     for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
-    // Q5_K: qh shifted right by 2c (16-bit lanes: bits 0 and 1 of each byte are still its own)
-    [[maybe_unused]] __m256i qh = _mm256_setzero_si256();
+    [[maybe_unused]] __m256i qh = _mm256_setzero_si256();  // Q5_K: its fifth bits
     if constexpr (kFifthBits) qh = load32(wb.qh);
     for (int c = 0; c < 4; ++c) {  // 64 weights: sub-blocks 2c (low nibbles), 2c + 1 (high)
       const __m256i q = load32(wb.qs + 32 * c);
       __m256i lo = _mm256_and_si256(q, low4);
       __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-      if constexpr (kFifthBits) {
-        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(qh, 4), bit4));  // bit 2c
-        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(qh, 3), bit4));  // bit 2c + 1
-        qh = _mm256_srli_epi16(qh, 2);
-      }
+      if constexpr (kFifthBits) or_fifth_bits(qh, lo, hi);
       const __m256i s0 = broadcast_word(sc16, 2 * c), s1 = broadcast_word(sc16, 2 * c + 1);
       for (int m = 0; m < MB; ++m) {
         const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load32(x[m][b].qs + 64 * c)), s0);

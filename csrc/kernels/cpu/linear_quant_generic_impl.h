@@ -38,14 +38,11 @@ float dot_q4_0(const BlockQ4_0* w, const ActQ8_32* x, int32_t nb) {
 }
 
 // A Q5_0 / Q5_1 block's levels (0..31) against 32 activations.
-int32_t dot_5_bit_levels(const uint8_t* qh4, const uint8_t* qs, const int8_t* xq) {
-  const uint32_t qh = q5_high_bits(qh4);
+int32_t dot_5_bit_levels(const uint8_t* qh, const uint8_t* qs, const int8_t* xq) {
+  uint8_t L[kQK];
+  q5_levels(qh, qs, L);
   int32_t s = 0;
-  for (int j = 0; j < kQK / 2; ++j) {
-    const int lo = (qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
-    const int hi = (qs[j] >> 4) | (((qh >> (j + kQK / 2)) & 1) << 4);
-    s += lo * xq[j] + hi * xq[j + kQK / 2];
-  }
+  for (int i = 0; i < kQK; ++i) s += L[i] * xq[i];
   return s;
 }
 // The sum of a block's 32 activations.

@@ -78,16 +78,14 @@ inline void nibble_dots(const uint8_t* qs, const int8_t* const* xq, __m256i* s) 
 // int32 sums, unscaled.
 template <int MB, bool kScaled = true>
 inline void nibble5_dots(const uint8_t* qs, const uint8_t* qh, const int8_t* const* xq, __m256i sc, __m256i* s) {
-  const __m256i low4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
-  __m256i h = load32(qh);  // shifted right 2 bits a chunk (16-bit lanes: bits 0, 1 of a byte stay its own)
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  __m256i h = load32(qh);
   __m256i part[2][MB];
   for (int m = 0; m < MB; ++m) part[0][m] = part[1][m] = _mm256_setzero_si256();
   for (int c = 0; c < 4; ++c) {
     const __m256i v = load32(qs + 32 * c);
-    const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
-    const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
-                                       _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
-    h = _mm256_srli_epi16(h, 2);
+    __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    or_fifth_bits(h, lo, hi);
     for (int m = 0; m < MB; ++m) {
 #if PYENGINE_QUANT_VNNI
       __m256i& acc = part[0][m];

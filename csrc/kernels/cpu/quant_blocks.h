@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "dtype_convert.h"
 
@@ -170,9 +171,44 @@ static inline int k_level(const BlockQ5_K& b, const uint8_t* q, int l, int j, bo
   return (high ? q[l] >> 4 : q[l] & 0x0f) | (((b.qh[l] >> j) & 1) << 4);
 }
 
-// The 32 fifth bits of a Q5_0 / Q5_1 block (bit j: weight j) as one integer.
-static inline uint32_t q5_high_bits(const uint8_t* qh) {
-  return qh[0] | (qh[1] << 8) | (qh[2] << 16) | (static_cast<uint32_t>(qh[3]) << 24);
+// A Q4_K / Q5_K super-block's 256 levels into L (position 64c + l (+ 32) in the low (high)
+// nibble of qs[32c + l]), and L packed back (Q5_K: the fifth bits of qh set from bit 4 of L).
+template <typename B>
+static inline void k_levels(const B& b, uint8_t* L) {
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      L[64 * c + l] = static_cast<uint8_t>(k_level(b, b.qs + 32 * c, l, 2 * c, false));
+      L[64 * c + l + 32] = static_cast<uint8_t>(k_level(b, b.qs + 32 * c, l, 2 * c + 1, true));
+    }
+}
+template <typename B>
+static inline void k_set_levels(B& b, const uint8_t* L) {
+  constexpr bool kFifthBits = std::is_same_v<B, BlockQ5_K>;
+  if constexpr (kFifthBits) std::memset(b.qh, 0, sizeof(b.qh));
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      const int lo = L[64 * c + l], hi = L[64 * c + l + 32];
+      b.qs[32 * c + l] = static_cast<uint8_t>((lo & 0x0f) | ((hi & 0x0f) << 4));
+      if constexpr (kFifthBits)
+        b.qh[l] = static_cast<uint8_t>(b.qh[l] | ((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
+    }
+}
+
+// A Q5_0 / Q5_1 block's 32 levels (0..31) into L: weight i's low 4 bits as Q4_0's nibbles (low
+// nibble of qs[i], high nibble of qs[i - 16]), its fifth bit in bit i of the little-endian
+// uint32 at qh; and levels packed back (bit 4 of each level into qh).
+static inline void q5_levels(const uint8_t* qh4, const uint8_t* qs, uint8_t* L) {
+  const uint32_t qh = qh4[0] | (qh4[1] << 8) | (qh4[2] << 16) | (static_cast<uint32_t>(qh4[3]) << 24);
+  for (int i = 0; i < kQK / 2; ++i) {
+    L[i] = static_cast<uint8_t>((qs[i] & 0x0f) | (((qh >> i) & 1) << 4));
+    L[i + kQK / 2] = static_cast<uint8_t>((qs[i] >> 4) | (((qh >> (i + kQK / 2)) & 1) << 4));
+  }
+}
+static inline void q5_set_levels(const uint8_t* L, uint8_t* qh4, uint8_t* qs) {
+  uint32_t qh = 0;
+  for (int i = 0; i < kQK; ++i) qh |= static_cast<uint32_t>((L[i] >> 4) & 1) << i;
+  for (int i = 0; i < 4; ++i) qh4[i] = static_cast<uint8_t>(qh >> (8 * i));
+  for (int i = 0; i < kQK / 2; ++i) qs[i] = static_cast<uint8_t>((L[i] & 0x0f) | ((L[i + kQK / 2] & 0x0f) << 4));
 }
 
 // Quantizes n values (a multiple of 16) into `blocks` ActQ8_32 (n % 32 == 0) or ActQ8_256

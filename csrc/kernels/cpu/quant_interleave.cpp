@@ -27,27 +27,6 @@ template <typename B>
 void set_nibble_levels(B& b, const uint8_t* L) {
   for (int i = 0; i < kQK / 2; ++i) b.qs[i] = static_cast<uint8_t>(L[i] | (L[i + kQK / 2] << 4));
 }
-// Q4_K and Q5_K: position 64c + l (+ 32) in the low (high) nibble of qs[32c + l]; Q5_K's fifth
-// bit in bit 2c (2c + 1) of qh[l]
-template <typename B>
-void k_levels(const B& b, uint8_t* L) {
-  for (int c = 0; c < 4; ++c)
-    for (int l = 0; l < 32; ++l) {
-      L[64 * c + l] = static_cast<uint8_t>(k_level(b, b.qs + 32 * c, l, 2 * c, false));
-      L[64 * c + l + 32] = static_cast<uint8_t>(k_level(b, b.qs + 32 * c, l, 2 * c + 1, true));
-    }
-}
-template <typename B>
-void k_set_levels(B& b, const uint8_t* L) {
-  if constexpr (std::is_same_v<B, BlockQ5_K>) std::memset(b.qh, 0, sizeof(b.qh));
-  for (int c = 0; c < 4; ++c)
-    for (int l = 0; l < 32; ++l) {
-      const int lo = L[64 * c + l], hi = L[64 * c + l + 32];
-      b.qs[32 * c + l] = static_cast<uint8_t>((lo & 0x0f) | ((hi & 0x0f) << 4));
-      if constexpr (std::is_same_v<B, BlockQ5_K>)
-        b.qh[l] = static_cast<uint8_t>(b.qh[l] | ((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
-    }
-}
 // Q6_K: position 128h + 32k + l sits in ql[64h + l (+ 32 for k = 1, 3)], low (k = 0, 1) or high
 // nibble, and bits 2k, 2k + 1 of qh[32h + l].
 void q6_k_levels(const BlockQ6_K& b, uint8_t* L) {
@@ -98,29 +77,13 @@ void get_fifth_bits(const uint8_t* qh, int r, uint8_t* L) {
     }
 }
 
-// Q5_0 and Q5_1: levels 0..31, the fifth bit of weight i in bit i of qh
-template <typename B>
-void five_bit_levels(const B& b, uint8_t* L) {
-  const uint32_t qh = q5_high_bits(b.qh);
-  for (int i = 0; i < kQK / 2; ++i) {
-    L[i] = static_cast<uint8_t>((b.qs[i] & 0x0f) | (((qh >> i) & 1) << 4));
-    L[i + kQK / 2] = static_cast<uint8_t>((b.qs[i] >> 4) | (((qh >> (i + kQK / 2)) & 1) << 4));
-  }
-}
-template <typename B>
-void set_five_bit_levels(B& b, const uint8_t* L) {
-  uint32_t qh = 0;
-  for (int i = 0; i < kQK; ++i) qh |= static_cast<uint32_t>(L[i] >> 4) << i;
-  for (int i = 0; i < 4; ++i) b.qh[i] = static_cast<uint8_t>(qh >> (8 * i));
-  for (int i = 0; i < kQK / 2; ++i) b.qs[i] = static_cast<uint8_t>((L[i] & 0x0f) | ((L[i + kQK / 2] & 0x0f) << 4));
-}
 template <typename Plain, typename X8>
 void five_bits_to_x8(const Plain* const* in, X8& out) {
   uint8_t L[kQK];
   for (int r = 0; r < kRows8; ++r) {
     out.d[r] = in[r]->d;
     if constexpr (std::is_same_v<Plain, BlockQ5_1>) out.m[r] = in[r]->m;
-    five_bit_levels(*in[r], L);
+    q5_levels(in[r]->qh, in[r]->qs, L);
     put_fifth_bits(L, r, out.qh);
     for (int i = 0; i < kQK; ++i) L[i] &= 0x0f;
     put_nibble_chunks(L, r, kQK, out.qs);
@@ -134,7 +97,7 @@ void five_bits_from_x8(const X8& in, Plain* const* out, int r0, int r1) {
     if constexpr (std::is_same_v<Plain, BlockQ5_1>) out[r]->m = in.m[r];
     get_nibble_chunks(in.qs, r, kQK, L);
     get_fifth_bits(in.qh, r, L);
-    set_five_bit_levels(*out[r], L);
+    q5_set_levels(L, out[r]->qh, out[r]->qs);
   }
 }
 void to_x8(const BlockQ5_0* const* in, BlockQ5_0x8& out) { five_bits_to_x8(in, out); }

@@ -65,23 +65,20 @@ void quantize_q4_0(const float* x, BlockQ4_0* y, int64_t nb) {
 }
 
 void quantize_q5_0(const float* x, BlockQ5_0* y, int64_t nb) {
+  uint8_t L[kQK];
   for (int64_t b = 0; b < nb; ++b, x += kQK) {
     const float d = signed_absmax(x, kQK) / -16.0f;  // (Q4_0's choice, 32 levels)
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[b].d = f32_to_fp16(d);
-    uint32_t qh = 0;
-    for (int j = 0; j < kQK / 2; ++j) {
-      const int lo = std::min(31, static_cast<int>(static_cast<int8_t>(x[j] * id + 16.5f)));
-      const int hi = std::min(31, static_cast<int>(static_cast<int8_t>(x[kQK / 2 + j] * id + 16.5f)));
-      y[b].qs[j] = static_cast<uint8_t>((lo & 0x0f) | ((hi & 0x0f) << 4));
-      qh |= static_cast<uint32_t>((lo >> 4) & 1) << j;
-      qh |= static_cast<uint32_t>((hi >> 4) & 1) << (j + kQK / 2);
-    }
-    for (int i = 0; i < 4; ++i) y[b].qh[i] = static_cast<uint8_t>(qh >> (8 * i));
+    // truncation toward zero of x * id + 16.5, i.e. rounding to nearest with ties up
+    for (int i = 0; i < kQK; ++i)
+      L[i] = static_cast<uint8_t>(std::min(31, static_cast<int>(static_cast<int8_t>(x[i] * id + 16.5f))));
+    q5_set_levels(L, y[b].qh, y[b].qs);
   }
 }
 
 void quantize_q5_1(const float* x, BlockQ5_1* y, int64_t nb) {
+  uint8_t L[kQK];
   for (int64_t b = 0; b < nb; ++b, x += kQK) {
     float lo = x[0], hi = x[0];  // (not widened to 0: level 0 is the block's min)
     for (int i = 1; i < kQK; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
@@ -89,16 +86,9 @@ void quantize_q5_1(const float* x, BlockQ5_1* y, int64_t nb) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[b].d = f32_to_fp16(d);
     y[b].m = f32_to_fp16(lo);
-    uint32_t qh = 0;
-    for (int j = 0; j < kQK / 2; ++j) {
-      // truncation of (x - min) * id + 0.5 to a byte: rounding to nearest with ties up
-      const int q0 = static_cast<uint8_t>((x[j] - lo) * id + 0.5f);
-      const int q1 = static_cast<uint8_t>((x[kQK / 2 + j] - lo) * id + 0.5f);
-      y[b].qs[j] = static_cast<uint8_t>((q0 & 0x0f) | ((q1 & 0x0f) << 4));
-      qh |= static_cast<uint32_t>((q0 >> 4) & 1) << j;
-      qh |= static_cast<uint32_t>((q1 >> 4) & 1) << (j + kQK / 2);
-    }
-    for (int i = 0; i < 4; ++i) y[b].qh[i] = static_cast<uint8_t>(qh >> (8 * i));
+    // truncation of (x - min) * id + 0.5 to a byte: rounding to nearest with ties up
+    for (int i = 0; i < kQK; ++i) L[i] = static_cast<uint8_t>((x[i] - lo) * id + 0.5f);
+    q5_set_levels(L, y[b].qh, y[b].qs);
   }
 }
 
@@ -241,13 +231,7 @@ void quantize_k_min(const float* x, Block* y, int64_t nb) {
     Block& out = y[b];
     std::memset(&out, 0, sizeof(out));
     quantize_k_scales_mins(x, out, kFifthBits ? 31 : 15, kFifthBits ? -0.5f : -1.0f, kFifthBits ? 15 : 20, L);
-    for (int c = 0; c < 4; ++c)
-      for (int l = 0; l < 32; ++l) {
-        const int lo = L[64 * c + l], hi = L[64 * c + 32 + l];
-        out.qs[32 * c + l] = static_cast<uint8_t>((lo & 0x0f) | ((hi & 0x0f) << 4));
-        if constexpr (kFifthBits)
-          out.qh[l] = static_cast<uint8_t>(out.qh[l] | ((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
-      }
+    k_set_levels(out, L);
   }
 }
 
@@ -350,28 +334,20 @@ void dequantize_q4_0(const BlockQ4_0* x, float* y, int64_t nb) {
 }
 
 void dequantize_q5_0(const BlockQ5_0* x, float* y, int64_t nb) {
+  uint8_t L[kQK];
   for (int64_t b = 0; b < nb; ++b, y += kQK) {
     const float d = fp16_to_f32(x[b].d);
-    const uint32_t qh = q5_high_bits(x[b].qh);
-    for (int j = 0; j < kQK / 2; ++j) {
-      const int lo = (x[b].qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
-      const int hi = (x[b].qs[j] >> 4) | (((qh >> (j + kQK / 2)) & 1) << 4);
-      y[j] = d * (lo - 16);
-      y[j + kQK / 2] = d * (hi - 16);
-    }
+    q5_levels(x[b].qh, x[b].qs, L);
+    for (int i = 0; i < kQK; ++i) y[i] = d * (L[i] - 16);
   }
 }
 
 void dequantize_q5_1(const BlockQ5_1* x, float* y, int64_t nb) {
+  uint8_t L[kQK];
   for (int64_t b = 0; b < nb; ++b, y += kQK) {
     const float d = fp16_to_f32(x[b].d), m = fp16_to_f32(x[b].m);
-    const uint32_t qh = q5_high_bits(x[b].qh);
-    for (int j = 0; j < kQK / 2; ++j) {
-      const int lo = (x[b].qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
-      const int hi = (x[b].qs[j] >> 4) | (((qh >> (j + kQK / 2)) & 1) << 4);
-      y[j] = d * lo + m;
-      y[j + kQK / 2] = d * hi + m;
-    }
+    q5_levels(x[b].qh, x[b].qs, L);
+    for (int i = 0; i < kQK; ++i) y[i] = d * L[i] + m;
   }
 }
 

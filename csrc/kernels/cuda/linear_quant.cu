@@ -55,30 +55,24 @@ __device__ __forceinline__ void dequant4(const uint8_t* __restrict__ row, int u,
     const int shift = j < 4 ? 0 : 4;
 #pragma unroll
     for (int t = 0; t < 4; ++t) w[t] = d * static_cast<float>(((qs[t] >> shift) & 0x0f) - z);
-  } else if constexpr (T == QuantType::kQ5_0) {
-    // as Q4_0, with weight p's fifth bit at bit p of the little-endian uint32 qh
-    const uint8_t* b = row + u * 22;
-    const float d = half_at(b);
-    const uint32_t qh = b[2] | (b[3] << 8) | (b[4] << 16) | (static_cast<uint32_t>(b[5]) << 24);
-    const uint8_t* qs = b + 6 + 4 * (j & 3);
+  } else if constexpr (T == QuantType::kQ5_0 || T == QuantType::kQ5_1) {
+    // as Q4_0, with weight p's fifth bit at bit p of the little-endian uint32 qh; Q5_0: d, qh,
+    // qs (levels less 16); Q5_1: d, m, qh, qs (levels plus m)
+    constexpr bool kMin = T == QuantType::kQ5_1;
+    constexpr int kQh = kMin ? 4 : 2;
+    const uint8_t* b = row + u * (kQh + 20);
+    const float d = half_at(b), mn = kMin ? half_at(b + 2) : 0.0f;
+    const uint32_t qh = b[kQh] | (b[kQh + 1] << 8) | (b[kQh + 2] << 16) | (static_cast<uint32_t>(b[kQh + 3]) << 24);
+    const uint8_t* qs = b + kQh + 4 + 4 * (j & 3);
     const int shift = j < 4 ? 0 : 4;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       // (int: qh is unsigned, and an unsigned code minus 16 would wrap)
-      const int hi = static_cast<int>((qh >> (4 * j + t)) & 1u) << 4;
-      w[t] = d * static_cast<float>((((qs[t] >> shift) & 0x0f) | hi) - 16);
-    }
-  } else if constexpr (T == QuantType::kQ5_1) {
-    // as Q5_0, levels 0..31 above the block's min: d, m, qh[4], qs[16]
-    const uint8_t* b = row + u * 24;
-    const float d = half_at(b), mn = half_at(b + 2);
-    const uint32_t qh = b[4] | (b[5] << 8) | (b[6] << 16) | (static_cast<uint32_t>(b[7]) << 24);
-    const uint8_t* qs = b + 8 + 4 * (j & 3);
-    const int shift = j < 4 ? 0 : 4;
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const int hi = static_cast<int>((qh >> (4 * j + t)) & 1u) << 4;
-      w[t] = d * static_cast<float>(((qs[t] >> shift) & 0x0f) | hi) + mn;
+      const int level = ((qs[t] >> shift) & 0x0f) | (static_cast<int>((qh >> (4 * j + t)) & 1u) << 4);
+      if constexpr (kMin)
+        w[t] = d * static_cast<float>(level) + mn;
+      else
+        w[t] = d * static_cast<float>(level - 16);
     }
   } else if constexpr (T == QuantType::kQ5_K) {
     const uint8_t* b = row + (u / 8) * 176;  // d, dmin, scales[12], qh[32], qs[128]
