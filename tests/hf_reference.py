@@ -158,12 +158,10 @@ def quantized_hf_model(model_dir: Path, formats: dict[str, str], quantize_activa
     `amx_prompt`: the math of an engine whose kernels have their AMX path (16 rows of x or more,
     where pyengine.cpu_info().amx) and that prefills its prompts in one step of 16 tokens or more
     but decodes fewer than 16 sequences at a time: the linear layers but the output projection
-    whose format has an interleaved layout (the one the AMX path multiplies; not Q5_0, Q5_1, Q5_K)
     compute the prompt's positions with bf16 inputs and weights, everything else as above. The
     caller sets `model.prompt_state["len"]` before each forward (quantized_teacher_forced_gaps
     does)."""
     from pyengine.quant import QuantizedWeight, quant_format
-    from pyengine.quant.formats import INTERLEAVED_LAYOUTS
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     params = dict(model.named_parameters())
@@ -176,8 +174,7 @@ def quantized_hf_model(model_dir: Path, formats: dict[str, str], quantize_activa
             p = params[name]
             p.copy_(QuantizedWeight.quantize(p.detach(), fmt).dequantize())
             module = model.get_submodule(name.rsplit(".", 1)[0])
-            if amx_prompt and fmt in INTERLEAVED_LAYOUTS and isinstance(module, torch.nn.Linear) \
-                    and module is not model.lm_head:
+            if amx_prompt and isinstance(module, torch.nn.Linear) and module is not model.lm_head:
                 _amx_prompt_rows(module, model.prompt_state, 32 if quant_format(fmt).block_elems == 32 else 256)
             elif quantize_activations and isinstance(module, torch.nn.Linear):
                 block = 32 if quant_format(fmt).block_elems == 32 else 256

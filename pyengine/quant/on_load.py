@@ -45,7 +45,8 @@ MIXTURES = {"q4_k_s": "q4_k", "q4_k_m": "q4_k", "q5_k_s": "q5_k", "q5_k_m": "q5_
 
 def use_more_bits(layer: int, num_layers: int) -> bool:
     """llama.cpp's choice of the layers whose v projection and MLP down projection a Q4_K_M or
-    Q5_K_M model keeps in Q6_K: the first and last eighth of the layers, and every third one between."""
+    Q5_K_M model keeps in Q6_K: the first and last eighth of the layers, and every third one
+    between."""
     return layer < num_layers // 8 or layer >= 7 * num_layers // 8 or (layer - num_layers // 8) % 3 == 2
 
 
