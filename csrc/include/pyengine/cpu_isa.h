@@ -96,4 +96,9 @@ const std::string& cpu_model_name();
 // cores. Detected once; thread-safe.
 const std::string& cpu_vendor();
 
+// The x86 display family (cpuid leaf 1: the base family, plus the extended family where the base
+// is 15): 6 for Intel's cores, 0x19 for AMD Zen 3 and Zen 4, 0x1a for Zen 5; 0 where there is
+// none (aarch64). Detected once; thread-safe.
+int cpu_family();
+
 }  // namespace pyengine

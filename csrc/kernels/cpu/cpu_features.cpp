@@ -92,6 +92,12 @@ std::string detect_vendor() {
   return id;
 }
 
+int detect_family() {
+  const uint32_t a = cpuid(1, 0).a;
+  const int base = static_cast<int>((a >> 8) & 0xf);
+  return base == 0xf ? base + static_cast<int>((a >> 20) & 0xff) : base;
+}
+
 #elif defined(__aarch64__) && defined(__linux__)
 std::vector<std::string> detect_flags() {
   std::vector<std::string> flags;
@@ -115,11 +121,13 @@ std::vector<std::string> detect_flags() {
 
 std::string detect_model_name() { return ""; }
 std::string detect_vendor() { return ""; }
+int detect_family() { return 0; }
 
 #else
 std::vector<std::string> detect_flags() { return {}; }
 std::string detect_model_name() { return ""; }
 std::string detect_vendor() { return ""; }
+int detect_family() { return 0; }
 #endif
 
 }  // namespace
@@ -143,6 +151,11 @@ const std::string& cpu_model_name() {
 const std::string& cpu_vendor() {
   static const std::string vendor = detect_vendor();
   return vendor;
+}
+
+int cpu_family() {
+  static const int family = detect_family();
+  return family;
 }
 
 }  // namespace pyengine

@@ -57,11 +57,12 @@ inline __m512 wload(const uint16_t* w) {
 
 // M == 1: one FMA per 16 columns into 4 independent accumulators, every 64-byte line of the
 // weights prefetched kPrefetchBytes ahead with temporal locality `Locality` (3: into L1, 2: into
-// L2). On a 2-core AMD EPYC (Zen 5) this streams fp32 weights 1.3-1.45x and bf16 ones 1.1-1.5x
+// L2; -1: no software prefetch, the hardware prefetchers alone). On a 2-core AMD EPYC (Zen 5) this streams fp32 weights 1.3-1.45x and bf16 ones 1.1-1.5x
 // as fast as 32-column steps with two chained FMAs (bf16: even/odd halves of a 64-byte load split
 // by a shift and a mask) did, prefetching into L1. On a 2-core Intel Xeon (Sapphire Rapids class, 2 MB L2) prefetching
 // into L1 is the slower choice: into L2, the layers' weights (from DRAM) stream at 20-27 GB/s in
-// bf16 and 25-30 in fp32 against 15-20 and 19-23 (alternating, the same process).
+// bf16 and 25-30 in fp32 against 15-20 and 19-23 (alternating, the same process). On a 2-core
+// AMD EPYC of the Zen 4 family either prefetch is the slower choice (m1_prefetch).
 template <typename W, int Locality>
 void rows_m1_prefetching(const LinearArgs& a, int32_t n0, int32_t n1) {
   constexpr int kStepsPerLine = 64 / (16 * static_cast<int>(sizeof(W)));  // fp32 1, bf16 2
@@ -74,8 +75,9 @@ void rows_m1_prefetching(const LinearArgs& a, int32_t n0, int32_t n1) {
     int32_t k = 0;
     for (; k + 64 <= K; k += 64)
       for (int u = 0; u < 4; ++u) {
-        if (u % kStepsPerLine == 0)
-          __builtin_prefetch(reinterpret_cast<const char*>(w + k + 16 * u) + kPrefetchBytes, 0, Locality);
+        if constexpr (Locality >= 0)
+          if (u % kStepsPerLine == 0)
+            __builtin_prefetch(reinterpret_cast<const char*>(w + k + 16 * u) + kPrefetchBytes, 0, Locality);
         acc[u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16 * u), wload(w + k + 16 * u), acc[u]);
       }
     for (int u = 0; k < K; k += 16, ++u)  // at most 4 steps; x is zero-padded past K
@@ -85,13 +87,89 @@ void rows_m1_prefetching(const LinearArgs& a, int32_t n0, int32_t n1) {
   }
 }
 
+}  // namespace
+}  // namespace pyengine::kernels::cpu::isa_avx512
+PYENGINE_ISA_END
+
+PYENGINE_ISA_BEGIN_AVX512_TARGET("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+namespace pyengine::kernels::cpu::isa_avx512 {
+namespace {
+
+// M == 1, bf16 weights, a CPU with AVX512-BF16: vdpbf16ps multiplies 32 weights by 32 of x (bf16
+// as given, a.xb) a step, adjacent pairs summed into each fp32 lane, 4 independent accumulators;
+// prefetching as rows_m1_prefetching. Half the instructions of widening each weight and FMA'ing
+// it: on a 2-core AMD EPYC (Zen 4) a W5 step's layers (bf16, from DRAM) streamed 1.15-1.2x as
+// fast as the widening kernel, both without software prefetch (scratch loop, variants taking
+// turns). The products are exact (bf16 times bf16); the sums are fp32 in another order than the
+// widening kernel's (and, as the instruction does, with denormal inputs and results flushed to zero).
+inline __m512 pairs_step(__m512 acc, const uint16_t* xp, __m512i wv) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(xp), (__m512bh)wv);
+}
+
+template <int Locality>
+void rows_m1_bf16_pairs(const LinearArgs& a, int32_t n0, int32_t n1) {
+  const int32_t K = a.K;
+  const uint16_t* x = a.xb;
+  for (int32_t n = n0; n < n1; ++n) {
+    const uint16_t* w = static_cast<const uint16_t*>(a.w) + static_cast<int64_t>(n) * K;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    int32_t k = 0;
+    for (; k + 128 <= K; k += 128)
+      for (int u = 0; u < 4; ++u) {
+        if constexpr (Locality >= 0)
+          __builtin_prefetch(reinterpret_cast<const char*>(w + k + 32 * u) + kPrefetchBytes, 0, Locality);
+        acc[u] = pairs_step(acc[u], x + k + 32 * u, _mm512_loadu_si512(w + k + 32 * u));
+      }
+    for (int u = 0; k < K; k += 32, ++u) {  // at most 4 steps; x is zero-padded past K
+      const __mmask32 mask = K - k >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << (K - k)) - 1u);
+      acc[u] = pairs_step(acc[u], x + k, _mm512_maskz_loadu_epi16(mask, w + k));
+    }
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    linear_store(a, 0, n, _mm512_reduce_add_ps(sum));
+  }
+}
+
+}  // namespace
+}  // namespace pyengine::kernels::cpu::isa_avx512
+PYENGINE_ISA_END
+
+PYENGINE_ISA_BEGIN_AVX512
+namespace pyengine::kernels::cpu::isa_avx512 {
+namespace {
+
+// The M == 1 kernels' software prefetch on this CPU: into L2 on Intel cores, none on AMD's Zen 4
+// (family 0x19: measured on a 2-core EPYC, W5's layers streamed from DRAM in a scratch loop,
+// variants taking turns: without it 1.2-1.3x as fast as into L1, 1.15-1.2x as into L2), into L1
+// on later AMD cores (Zen 5, above).
+int m1_prefetch_locality() {
+  static const int locality = cpu_vendor() != "AuthenticAMD" ? 2 : cpu_family() == 0x19 ? -1 : 3;
+  return locality;
+}
+
+template <typename W, template <typename, int> class Kernel>
+void with_m1_prefetch(const LinearArgs& a, int32_t n0, int32_t n1) {
+  switch (m1_prefetch_locality()) {
+    case -1: return Kernel<W, -1>::run(a, n0, n1);
+    case 2: return Kernel<W, 2>::run(a, n0, n1);
+    default: return Kernel<W, 3>::run(a, n0, n1);
+  }
+}
+template <typename W, int Locality>
+struct WideningM1 {
+  static void run(const LinearArgs& a, int32_t n0, int32_t n1) { rows_m1_prefetching<W, Locality>(a, n0, n1); }
+};
+template <typename W, int Locality>
+struct PairsM1 {
+  static void run(const LinearArgs& a, int32_t n0, int32_t n1) { rows_m1_bf16_pairs<Locality>(a, n0, n1); }
+};
+
 template <typename W>
 void rows_m1(const LinearArgs& a, int32_t n0, int32_t n1) {
-  static const bool l1 = cpu_vendor() == "AuthenticAMD";
-  if (l1)
-    rows_m1_prefetching<W, 3>(a, n0, n1);
-  else
-    rows_m1_prefetching<W, 2>(a, n0, n1);
+  static const bool bf16_pairs = cpu_has_feature("avx512_bf16");
+  if constexpr (std::is_same_v<W, uint16_t>)
+    if (bf16_pairs && a.xb != nullptr) return with_m1_prefetch<W, PairsM1>(a, n0, n1);
+  with_m1_prefetch<W, WideningM1>(a, n0, n1);
 }
 
 // Dot products of MB rows of x with R consecutive weight rows, 16 columns a step: the step's R

@@ -19,6 +19,9 @@ struct LinearArgs {
   const void* bias;  // [N] or null, as the weight
   bool bf16;         // weight, bias and y are bf16 (else fp32)
   int32_t M, N, K;
+  // bf16 weights, M == 1: x as given (bf16), zero-padded to kp columns, for the levels that
+  // multiply bf16 pairs directly (linear_avx512 with AVX512-BF16); null otherwise.
+  const uint16_t* xb = nullptr;
 };
 
 // Rounds `acc` (+ bias) to y's dtype into y[m, n].
