@@ -211,7 +211,8 @@ def test_linear_matches_fp64_reference_at_every_row_count(fmt, quant_cpu_isa):
 @pytest.mark.parametrize("fmt", X8)
 @pytest.mark.parametrize("odd_blocks", [False, True])
 def test_interleaved_linear_matches_fp64_reference_at_every_row_count(fmt, odd_blocks, quant_cpu_isa):
-    """The interleaved layouts (8 rows side by side), every row count of x up to the tile (4) and
+    """The interleaved layouts (8 rows side by side), every row count of x up to the tile (4; 8 in
+    the avx512 VNNI build) and
     past it, 5 groups of rows (one thread's share is not a whole number of tiles). Rows of an
     even and an odd number of blocks (the one-row path of the avx512 VNNI build sums blocks in
     pairs: an odd count ends with a block alone)."""
