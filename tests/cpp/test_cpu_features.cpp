@@ -92,6 +92,17 @@ TEST(vendor_matches_proc_cpuinfo) {
 #endif
 }
 
+TEST(family_matches_proc_cpuinfo) {
+#if defined(__x86_64__)
+  // /proc/cpuinfo's "cpu family" is the same display family (base + extended where base is 15)
+  const std::string expected = cpuinfo_value("cpu family");
+  if (!expected.empty()) CHECK_EQ(cpu_family(), std::stoi(expected));
+  CHECK(cpu_family() >= 3);
+#else
+  CHECK_EQ(cpu_family(), 0);
+#endif
+}
+
 TEST(levels_follow_from_the_flags) {
   const std::vector<CpuIsa> levels = supported_cpu_isas();
   auto has_level = [&](CpuIsa l) { return std::find(levels.begin(), levels.end(), l) != levels.end(); };
