@@ -82,15 +82,7 @@ void linear(T* y, const T* x, const T* weight, const T* bias, int32_t M, int32_t
   prepare_x(xf, x, M, K, kp, group);
 
   LinearArgs a{y, xf.data(), kp, weight, bias, bf16, M, N, K};
-  if constexpr (bf16) {
-    // one row of bf16 x as it is, zero-padded (the bf16-pair dot products of linear_avx512)
-    static thread_local std::vector<uint16_t> xb;
-    if (M == 1) {
-      xb.assign(static_cast<size_t>(kp), 0);
-      std::copy(x, x + K, xb.begin());
-      a.xb = xb.data();
-    }
-  }
+  if constexpr (bf16) a.xb = x;
   int nt = cpu::resolve_threads(num_threads);
   if (static_cast<int64_t>(N) * K < kMinParallelElems) nt = 1;
   cpu::split_columns(N, nt, kColumnGrain, int64_t{kColumnGrain} * K * static_cast<int64_t>(sizeof(T)), [&](int32_t n0, int32_t n1) { rows(a, n0, n1); });

@@ -96,14 +96,14 @@ namespace pyengine::kernels::cpu::isa_avx512 {
 namespace {
 
 // M == 1, bf16 weights, a CPU with AVX512-BF16: vdpbf16ps multiplies 32 weights by 32 of x (bf16
-// as given, a.xb) a step, adjacent pairs summed into each fp32 lane, 4 independent accumulators;
-// prefetching as rows_m1_prefetching. Half the instructions of widening each weight and FMA'ing
-// it: on a 2-core AMD EPYC (Zen 4) a W5 step's layers (bf16, from DRAM) streamed 1.15-1.2x as
-// fast as the widening kernel, both without software prefetch (scratch loop, variants taking
-// turns). The products are exact (bf16 times bf16); the sums are fp32 in another order than the
+// as given, a.xb; in the tail both loads masked) a step, adjacent pairs summed into each fp32
+// lane, 4 independent accumulators; prefetching as rows_m1_prefetching. Half the instructions of
+// widening each weight and FMA'ing it: on a 2-core AMD EPYC (Zen 4) a W5 step's layers (bf16,
+// from DRAM) streamed 1.15-1.2x as fast as the widening kernel, both without software prefetch
+// (scratch loop, variants taking turns). The products are exact (bf16 times bf16); the sums are fp32 in another order than the
 // widening kernel's (and, as the instruction does, with denormal inputs and results flushed to zero).
-inline __m512 pairs_step(__m512 acc, const uint16_t* xp, __m512i wv) {
-  return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(xp), (__m512bh)wv);
+inline __m512 pairs_step(__m512 acc, __m512i xv, __m512i wv) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)xv, (__m512bh)wv);
 }
 
 template <int Locality>
@@ -119,11 +119,11 @@ void rows_m1_bf16_pairs(const LinearArgs& a, int32_t n0, int32_t n1) {
       for (int u = 0; u < 4; ++u) {
         if constexpr (Locality >= 0)
           __builtin_prefetch(reinterpret_cast<const char*>(w + k + 32 * u) + kPrefetchBytes, 0, Locality);
-        acc[u] = pairs_step(acc[u], x + k + 32 * u, _mm512_loadu_si512(w + k + 32 * u));
+        acc[u] = pairs_step(acc[u], _mm512_loadu_si512(x + k + 32 * u), _mm512_loadu_si512(w + k + 32 * u));
       }
-    for (int u = 0; k < K; k += 32, ++u) {  // at most 4 steps; x is zero-padded past K
+    for (int u = 0; k < K; k += 32, ++u) {  // at most 4 steps
       const __mmask32 mask = K - k >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << (K - k)) - 1u);
-      acc[u] = pairs_step(acc[u], x + k, _mm512_maskz_loadu_epi16(mask, w + k));
+      acc[u] = pairs_step(acc[u], _mm512_maskz_loadu_epi16(mask, x + k), _mm512_maskz_loadu_epi16(mask, w + k));
     }
     const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
     linear_store(a, 0, n, _mm512_reduce_add_ps(sum));
@@ -147,29 +147,21 @@ int m1_prefetch_locality() {
   return locality;
 }
 
-template <typename W, template <typename, int> class Kernel>
-void with_m1_prefetch(const LinearArgs& a, int32_t n0, int32_t n1) {
-  switch (m1_prefetch_locality()) {
-    case -1: return Kernel<W, -1>::run(a, n0, n1);
-    case 2: return Kernel<W, 2>::run(a, n0, n1);
-    default: return Kernel<W, 3>::run(a, n0, n1);
-  }
+template <typename W, int Locality>
+void rows_m1_at(const LinearArgs& a, int32_t n0, int32_t n1) {
+  static const bool bf16_pairs = cpu_has_feature("avx512_bf16");
+  if constexpr (std::is_same_v<W, uint16_t>)
+    if (bf16_pairs) return rows_m1_bf16_pairs<Locality>(a, n0, n1);
+  rows_m1_prefetching<W, Locality>(a, n0, n1);
 }
-template <typename W, int Locality>
-struct WideningM1 {
-  static void run(const LinearArgs& a, int32_t n0, int32_t n1) { rows_m1_prefetching<W, Locality>(a, n0, n1); }
-};
-template <typename W, int Locality>
-struct PairsM1 {
-  static void run(const LinearArgs& a, int32_t n0, int32_t n1) { rows_m1_bf16_pairs<Locality>(a, n0, n1); }
-};
 
 template <typename W>
 void rows_m1(const LinearArgs& a, int32_t n0, int32_t n1) {
-  static const bool bf16_pairs = cpu_has_feature("avx512_bf16");
-  if constexpr (std::is_same_v<W, uint16_t>)
-    if (bf16_pairs && a.xb != nullptr) return with_m1_prefetch<W, PairsM1>(a, n0, n1);
-  with_m1_prefetch<W, WideningM1>(a, n0, n1);
+  switch (m1_prefetch_locality()) {
+    case -1: return rows_m1_at<W, -1>(a, n0, n1);
+    case 2: return rows_m1_at<W, 2>(a, n0, n1);
+    default: return rows_m1_at<W, 3>(a, n0, n1);
+  }
 }
 
 // Dot products of MB rows of x with R consecutive weight rows, 16 columns a step: the step's R

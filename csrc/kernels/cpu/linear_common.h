@@ -19,8 +19,8 @@ struct LinearArgs {
   const void* bias;  // [N] or null, as the weight
   bool bf16;         // weight, bias and y are bf16 (else fp32)
   int32_t M, N, K;
-  // bf16 weights, M == 1: x as given (bf16), zero-padded to kp columns, for the levels that
-  // multiply bf16 pairs directly (linear_avx512 with AVX512-BF16); null otherwise.
+  // bf16 weights: x as given ([M, K] bf16, not padded), for the levels that multiply bf16 pairs
+  // directly (linear_avx512 with AVX512-BF16); null for fp32 weights.
   const uint16_t* xb = nullptr;
 };
 

@@ -49,38 +49,30 @@ inline void prefetch_part(const void* p, int32_t bytes, int part, int parts) {
 
 // 32 weights of each of 8 rows in nibbles (4 chunks of 32 bytes at qs: positions 8c .. 8c + 3 in
 // the low nibbles, 8c + 4 .. 8c + 7 in the high ones) against MB rows' 32 activations xq[m]:
-// dot_add'ed into s[m]. With VNNI the high nibbles are multiplied where they lie (v & 0xf0,
-// 16 times their level, no shift) into sums of their own, exact in int32 and divided by 16
-// once; without it, int16 sums (16 products of up to 15 * 127 a lane) need them shifted down.
+// dot_add'ed into s[m]. With VNNI and one row of x (or !kOneSum) the high nibbles are multiplied
+// where they lie (v & 0xf0, 16 times their level, no shift) into sums of their own, exact in int32
+// and divided by 16 once. Otherwise they are shifted down, once per chunk for all MB rows, into
+// each row's one sum (without VNNI: int16 sums, 16 products of up to 15 * 127 a lane; with it, one
+// accumulator a row instead of two: at 8 rows Q4_K's three a row spilled). The same integers.
 template <int MB, bool kOneSum = false>
 inline void nibble_dots(const uint8_t* qs, const int8_t* const* xq, __m256i* s) {
   const __m256i low4 = _mm256_set1_epi8(0x0f);
 #if PYENGINE_QUANT_VNNI
-  if constexpr (kOneSum && MB > 1) {
-    // Several rows of x: the shift is paid once for all of them, and each row keeps one
-    // accumulator instead of two (at 8 rows, 16 registers fewer: Q4_K spilled). The same sums.
+  if constexpr (!kOneSum || MB == 1) {
+    __m256i s16[MB];
+    for (int m = 0; m < MB; ++m) s16[m] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       const __m256i v = load32(qs + 32 * c);
-      const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      const __m256i lo = _mm256_and_si256(v, low4), hi16 = _mm256_andnot_si256(low4, v);
       for (int m = 0; m < MB; ++m) {
         s[m] = dot_add(s[m], lo, broadcast4(xq[m] + 8 * c));
-        s[m] = dot_add(s[m], hi, broadcast4(xq[m] + 8 * c + 4));
+        s16[m] = dot_add(s16[m], hi16, broadcast4(xq[m] + 8 * c + 4));
       }
     }
+    for (int m = 0; m < MB; ++m) s[m] = _mm256_add_epi32(s[m], _mm256_srai_epi32(s16[m], 4));
     return;
   }
-  __m256i s16[MB];
-  for (int m = 0; m < MB; ++m) s16[m] = _mm256_setzero_si256();
-  for (int c = 0; c < 4; ++c) {
-    const __m256i v = load32(qs + 32 * c);
-    const __m256i lo = _mm256_and_si256(v, low4), hi16 = _mm256_andnot_si256(low4, v);
-    for (int m = 0; m < MB; ++m) {
-      s[m] = dot_add(s[m], lo, broadcast4(xq[m] + 8 * c));
-      s16[m] = dot_add(s16[m], hi16, broadcast4(xq[m] + 8 * c + 4));
-    }
-  }
-  for (int m = 0; m < MB; ++m) s[m] = _mm256_add_epi32(s[m], _mm256_srai_epi32(s16[m], 4));
-#else
+#endif
   for (int c = 0; c < 4; ++c) {
     const __m256i v = load32(qs + 32 * c);
     const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
@@ -89,7 +81,6 @@ inline void nibble_dots(const uint8_t* qs, const int8_t* const* xq, __m256i* s) 
       s[m] = dot_add(s[m], hi, broadcast4(xq[m] + 8 * c + 4));
     }
   }
-#endif
 }
 
 // As nibble_dots, levels of 5 bits: a Q5_Kx8 sub-block or a Q5_0x8 / Q5_1x8 block, its low 4 bits
@@ -396,7 +387,6 @@ void rows_x8_tiles(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
 }
 
 void rows_x8(const QuantLinearArgs& a, int32_t n0, int32_t n1) {
-  const bool super = a.type == QuantType::kQ4_Kx8 || a.type == QuantType::kQ5_Kx8 || a.type == QuantType::kQ6_Kx8;
-  if (super) return rows_x8_tiles<kMBx8Super>(a, n0, n1);
+  if (act_block_elems(a.type) == kQKK) return rows_x8_tiles<kMBx8Super>(a, n0, n1);
   rows_x8_tiles<kMBx8>(a, n0, n1);
 }
