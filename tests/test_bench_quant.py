@@ -203,3 +203,28 @@ def test_teacher_forced_distributions(tiny_model):
         e.shutdown()
     kl = torch.stack([quant_quality.kl_rows(rows[k], q[k]) for k in rows])
     assert (kl >= -1e-9).all() and 0 < kl.mean() < 1e-2
+
+
+def test_quant_decode_step_bytes_and_split(tiny_model):
+    """bench/quant_decode.py: the bytes a step reads are the engine's quantized blocks (all of a
+    tied model's 2-D weights); the split times the one-call decode's parts and puts them back."""
+    from bench import quant_decode
+    from bench.common import Request
+    from bench.llamacpp import single_stream_engine
+    from pyengine.layers import fused_decode
+
+    bf16 = quant_decode.step_weight_bytes(tiny_model)
+    run, logits = fused_decode.CpuDecodeLayers.run, fused_decode.CpuDecodeLayers.logits
+    for fmt, ratio_below in (("q8_0", 2.0), ("q4_0", 4.0)):
+        e = single_stream_engine(tiny_model, "float32", fmt)
+        try:
+            got = quant_decode.step_weight_bytes(tiny_model, e._parts.quant_plan)
+            assert got == memory.model_weight_bytes(e._parts.runner.model)["quantized"]
+            assert 1.0 < bf16 / got < ratio_below
+            with quant_decode.StepSplit() as split:
+                tps, secs, n = quant_decode.decode_run(e, Request([5, 6, 7], 6), split)
+            assert n == 5 and tps == pytest.approx(n / secs)
+            assert 0 < split.seconds["run"] < secs and 0 < split.seconds["logits"] < secs
+        finally:
+            e.shutdown()
+    assert (fused_decode.CpuDecodeLayers.run, fused_decode.CpuDecodeLayers.logits) == (run, logits)
