@@ -43,28 +43,25 @@ TARGETS = {"q8_0": 1.8, "q4_0": 3.0, "q4_k": 3.0, "q4_k_m": 3.0}
 DEFAULT_FORMATS = "q8_0,q4_0,q4_k,q4_k_m"
 
 
-def step_weight_bytes(model_dir: Path, plan=None) -> int:
-    """Bytes of the weights one decode step reads: every linear layer and the output projection
-    (the embedding table when tied; a separate input table is read one row a token and is left
-    out), in bf16 or, with a quantize-on-load `plan`, in the formats its report names."""
+def step_weight_bytes(model) -> int:
+    """Bytes of the weights one decode step of a pyengine model reads, as it stores them: every
+    linear layer and the output projection (the embedding table when tied; a separate input table
+    is read one row a token and is left out). Interleaved layouts count what they hold: Q4_K's and
+    Q5_K's keep their 6-bit sub-block scales a byte each (148 and 180 bytes a row per 256 weights
+    against the file's 144 and 176)."""
     import torch
-    import transformers
 
-    from pyengine.quant.formats import quant_format
+    from pyengine.quant.weight import QuantizedWeight
 
-    cfg = transformers.AutoConfig.from_pretrained(str(model_dir))
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg)
-    params = dict(model.named_parameters())  # tied weights once
-    total = 0
-    for name, p in params.items():
-        if p.dim() != 2 or (name == "model.embed_tokens.weight" and "lm_head.weight" in params):
+    total, seen = 0, set()
+    for w in [model.lm_head] + [w for layer in model.layers for w in layer.values()]:
+        if id(w) in seen:
             continue
-        fmt = None if plan is None else plan.report.get(name)
-        if fmt is None or fmt.startswith("kept"):
-            total += p.numel() * 2
-        else:
-            total += p.shape[0] * quant_format(fmt.split()[0]).row_bytes(p.shape[1])
+        seen.add(id(w))
+        if isinstance(w, QuantizedWeight):
+            total += sum(data.numel() * data.element_size() for _, data in w.parts)
+        elif isinstance(w, torch.Tensor) and w.dim() == 2:
+            total += w.numel() * w.element_size()
     return total
 
 
@@ -151,11 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     ref = args.dtype
     engines, bytes_ = {}, {}
     engines[ref] = single_stream_engine(model_dir, ref, max_seq_len=max_seq_len)
-    bytes_[ref] = step_weight_bytes(model_dir) * (2 if ref == "float32" else 1)
+    bytes_[ref] = step_weight_bytes(engines[ref]._parts.runner.model)
     for fmt in formats:
         e = single_stream_engine(model_dir, "float32", fmt, max_seq_len=max_seq_len, lm_head_quantization=args.lm_head)
         engines[fmt] = e
-        bytes_[fmt] = step_weight_bytes(model_dir, e._parts.quant_plan)
+        bytes_[fmt] = step_weight_bytes(e._parts.runner.model)
     vocab = engines[ref].model_config.vocab_size
     req = w2_request(prompt_len=args.prompt, output_len=args.tg, vocab_size=vocab)
     for e in engines.values():  # warm-up

@@ -206,19 +206,26 @@ def test_teacher_forced_distributions(tiny_model):
 
 
 def test_quant_decode_step_bytes_and_split(tiny_model):
-    """bench/quant_decode.py: the bytes a step reads are the engine's quantized blocks (all of a
-    tied model's 2-D weights); the split times the one-call decode's parts and puts them back."""
+    """bench/quant_decode.py: the bytes a step reads are the model's stored matrices (all of a
+    tied model's 2-D weights: bf16 two bytes a weight, quantized the blocks as laid out); the
+    split times the one-call decode's parts and puts them back."""
     from bench import quant_decode
     from bench.common import Request
     from bench.llamacpp import single_stream_engine
     from pyengine.layers import fused_decode
 
-    bf16 = quant_decode.step_weight_bytes(tiny_model)
+    e = single_stream_engine(tiny_model, "bfloat16")
+    try:
+        model = e._parts.runner.model
+        bf16 = quant_decode.step_weight_bytes(model)
+        assert bf16 == 2 * sum(p.numel() for p in _hf_matrices(tiny_model))
+    finally:
+        e.shutdown()
     run, logits = fused_decode.CpuDecodeLayers.run, fused_decode.CpuDecodeLayers.logits
     for fmt, ratio_below in (("q8_0", 2.0), ("q4_0", 4.0)):
         e = single_stream_engine(tiny_model, "float32", fmt)
         try:
-            got = quant_decode.step_weight_bytes(tiny_model, e._parts.quant_plan)
+            got = quant_decode.step_weight_bytes(e._parts.runner.model)
             assert got == memory.model_weight_bytes(e._parts.runner.model)["quantized"]
             assert 1.0 < bf16 / got < ratio_below
             with quant_decode.StepSplit() as split:
@@ -228,3 +235,13 @@ def test_quant_decode_step_bytes_and_split(tiny_model):
         finally:
             e.shutdown()
     assert (fused_decode.CpuDecodeLayers.run, fused_decode.CpuDecodeLayers.logits) == (run, logits)
+
+
+def _hf_matrices(model_dir):
+    """The checkpoint's 2-D parameters (tied ones once), from its config on the meta device."""
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(str(model_dir))
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    return [p for p in model.parameters() if p.dim() == 2]
