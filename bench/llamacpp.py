@@ -69,7 +69,7 @@ PYENGINE_QUANT = {"q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k_m", "q5_k": "q5_
 # ... and llama.cpp's KV cache type: as pyengine's (the model's dtype) where the tool allows it:
 # llama-bench has no f32 cache, so its fp32 runs keep its default f16 (one sequence of <= 640 tokens:
 # a few MB of KV). Quantized formats keep llama.cpp's default f16 in both tools (pyengine's default
-# for quantized weights is bfloat16: the same bytes per value).
+# for quantized weights on the CPU is float16 too).
 KV_TYPE = {"float32": {"bench": "f16", "batched": "f32"}, "bfloat16": {"bench": "bf16", "batched": "bf16"},
            **{q: {"bench": "f16", "batched": "f16"} for q in QUANTIZED}}
 DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float32": "float32",
