@@ -18,6 +18,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -29,7 +30,9 @@ from bench.common import (BENCH_THREADS, DTYPES, add_emulate_cpu_option, dram_re
                           set_threads, smollm_checkpoint, w2_request)
 
 
-def pyengine_run(engine, req) -> tuple[float, float]:
+def pyengine_run(engine, req, on_first_token: Callable[[], Any] | None = None) -> tuple[float, float]:
+    """(time to first token, decode tok/s after it) of one greedy request run to max_tokens;
+    `on_first_token`: called when the first token arrives (e.g. to reset timers of the decode)."""
     from pyengine import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
@@ -38,6 +41,8 @@ def pyengine_run(engine, req) -> tuple[float, float]:
     for out in engine.stream(req.prompt_token_ids, params):
         if first is None:
             first = time.perf_counter()
+            if on_first_token is not None:
+                on_first_token()
     end = time.perf_counter()
     return first - t0, (req.max_tokens - 1) / (end - first)
 

@@ -27,6 +27,7 @@ stream.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -98,20 +99,14 @@ class StepSplit:
 
 
 def decode_run(engine, req, split: StepSplit | None = None) -> tuple[float, float, int]:
-    """(decode tok/s after the first token, seconds after the first token, tokens after it);
-    `split`: cleared at the first token, so that it holds the decode steps' times alone."""
-    from pyengine import SamplingParams
+    """(decode tok/s after the first token, seconds after the first token, tokens after it), as
+    W2 measures it (bench/latency.py); `split`: cleared at the first token, so that it holds the
+    decode steps' times alone."""
+    from bench.latency import pyengine_run
 
-    params = SamplingParams(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
-    first = None
-    for _ in engine.stream(req.prompt_token_ids, params):
-        if first is None:
-            first = time.perf_counter()
-            if split is not None:
-                split.seconds.clear()
-    seconds = time.perf_counter() - first
+    tps = pyengine_run(engine, req, on_first_token=None if split is None else split.seconds.clear)[1]
     n = req.max_tokens - 1  # (greedy with ignore_eos: every request runs to max_tokens)
-    return n / seconds, seconds, n
+    return tps, n / tps, n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,11 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.runs):
             for name, e in engines.items():
                 split = StepSplit() if args.split else None
-                if split:
-                    with split:
-                        tps, secs, n = decode_run(e, req, split)
-                else:
-                    tps, secs, n = decode_run(e, req)
+                with split or contextlib.nullcontext():
+                    tps, secs, n = decode_run(e, req, split)
                 rec = {"tok_s": tps}
                 if split:
                     run_ms, head_ms = (1e3 * split.seconds[k] / n for k in ("run", "logits"))
@@ -192,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         ratios = [rec["tok_s"] / r0["tok_s"] for rec, r0 in zip(recs, runs[ref])]
         bound = bytes_[ref] / bytes_[name]
         fig = {"tok_s": median([x["tok_s"] for x in recs]), "vs_ref": median(ratios), "vs_ref_runs": ratios,
-               "step_weight_bytes": bytes_[name], "bytes_bound": bound, "target": TARGETS.get(name) if ref == "bfloat16" else None, "runs": recs}
+               "step_weight_bytes": bytes_[name], "bytes_bound": bound,
+               "target": TARGETS.get(name) if ref == "bfloat16" else None, "runs": recs}
         figures[name] = fig
         target = f">= {fig['target']}x" if fig["target"] else ""
         spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if name != ref else ""
