@@ -232,6 +232,8 @@ def test_quant_decode_step_bytes_and_split(tiny_model):
                 tps, secs, n = quant_decode.decode_run(e, Request([5, 6, 7], 6), split)
             assert n == 5 and tps == pytest.approx(n / secs)
             assert 0 < split.seconds["run"] < secs and 0 < split.seconds["logits"] < secs
+            assert not e.has_unfinished_requests()
+            e.check_resources()  # the finished request's slot and blocks are back
         finally:
             e.shutdown()
     assert (fused_decode.CpuDecodeLayers.run, fused_decode.CpuDecodeLayers.logits) == (run, logits)
