@@ -257,6 +257,47 @@ def test_thread_counts_give_the_same_bits(fmt, m, quant_cpu_isa):
         torch.set_num_threads(old)
 
 
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_concurrent_callers_get_their_own_results(fmt, quant_cpu_isa):
+    """Two application threads multiplying at once, each its own x and width, each on a team of
+    two: every result is the one the call gives alone. (In the avx512 VNNI build each thread of a
+    call spreads x for itself, in a buffer of its own, once a call: a spread made for another
+    caller's x, or for an earlier call, must never be taken.)"""
+    import threading
+
+    layers = [QuantizedWeight.quantize(weights(64, k, seed=20 + i), fmt).interleaved() for i, k in enumerate((768, 1024))]
+    g = torch.Generator().manual_seed(21)
+    xs = [[torch.randn(1, q.k, generator=g) for _ in range(8)] for q in layers]
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        alone = [[q.linear(x) for x in row] for q, row in zip(layers, xs)]
+        got: list[list[torch.Tensor]] = [[], []]
+        errors: list[BaseException] = []
+
+        def work(i: int) -> None:
+            try:
+                torch.set_num_threads(2)
+                for _ in range(50):
+                    for x in xs[i]:
+                        got[i].append(layers[i].linear(x))
+            except BaseException as e:  # re-raised below, in the test's thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        torch.set_num_threads(old)
+    assert not errors, errors
+    for i in range(2):
+        assert len(got[i]) == 50 * len(xs[i])
+        for j, y in enumerate(got[i]):
+            assert torch.equal(y, alone[i][j % len(xs[i])]), (i, j)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 def test_linear_small_outputs_and_bias(fmt, n, quant_cpu_isa):

@@ -8,9 +8,10 @@
 // the format's: Q8_0 1.88x, Q4_0 3.56x, Q4_K 3.46x, Q5_K 2.84x, Q6_K 2.44x). Weights lie in 2 MiB pages, as
 // the engine places them, and three copies are cycled so that every step reads from DRAM.
 // `head`: the output projection instead (151,936 x 1024, the tied embedding table; its rows
-// tile one block of 8,192 random rows), the one large matrix of a step.
+// tile one block of 8,192 random rows), the one large matrix of a step. `qkv`, `o`, `gate_up` or
+// `down`: the 28 layers' matrices of that one shape only (where a format's kernel loses time).
 //
-//   decode_formats [threads] [steps per format] [head]
+//   decode_formats [threads] [steps per format] [head | qkv | o | gate_up | down]
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -123,15 +124,22 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   const int steps = argc > 2 ? std::atoi(argv[2]) : 21;
   if (threads < 1 || steps < 1) {
-    std::fprintf(stderr, "usage: decode_formats [threads >= 1] [steps per format >= 1] [head]\n");
+    std::fprintf(stderr,
+                 "usage: decode_formats [threads >= 1] [steps per format >= 1] [head | qkv | o | gate_up | down]\n");
     return 2;
   }
+  const char* const kShapeNames[] = {"qkv", "o", "gate_up", "down"};  // kLayers' shapes, in order
   const bool head = argc > 3 && std::strcmp(argv[3], "head") == 0;
-  if (argc > 3 && !head) {
-    std::fprintf(stderr, "decode_formats: the third argument can only be 'head', got '%s'\n", argv[3]);
+  int shape = -1;
+  for (int i = 0; argc > 3 && i < 4; ++i)
+    if (std::strcmp(argv[3], kShapeNames[i]) == 0) shape = i;
+  if (argc > 3 && !head && shape < 0) {
+    std::fprintf(stderr, "decode_formats: the third argument can only be head, qkv, o, gate_up or down, got '%s'\n",
+                 argv[3]);
     return 2;
   }
-  const Part& part = head ? kHead : kLayers;
+  const Part one_shape{{shape < 0 ? Shape{} : kLayers.shapes[shape]}, kLayers.layers};
+  const Part& part = head ? kHead : shape >= 0 ? one_shape : kLayers;
   constexpr int kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
   std::vector<Weights> weights;
   for (const Format& f : kFormats) weights.emplace_back(f, part);
@@ -147,9 +155,14 @@ int main(int argc, char** argv) {
   }
   const int team[2] = {1, threads};
   const int runs = threads == 1 ? 1 : 2;
-  std::printf("%s from DRAM, median of %d steps a format\n",
-              head ? "the output projection of the W5 model (151936 x 1024, M = 1)"
-                   : "the linears of a W5 decode step (28 x 4, M = 1)", steps);
+  if (head)
+    std::printf("the output projection of the W5 model (151936 x 1024, M = 1)");
+  else if (shape >= 0)
+    std::printf("the %s linears of a W5 decode step (28 x %d x %d, M = 1)", kShapeNames[shape], part.shapes[0].n,
+                part.shapes[0].k);
+  else
+    std::printf("the linears of a W5 decode step (28 x 4, M = 1)");
+  std::printf(" from DRAM, median of %d steps a format\n", steps);
   std::printf("%7s  %6s  %10s  %9s  %14s\n", "threads", "format", "step", "GB/s", "vs bf16");
   for (int r = 0; r < runs; ++r) {
     const int nt = team[r];

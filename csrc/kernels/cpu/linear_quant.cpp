@@ -4,6 +4,7 @@
 #include "parallel.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -25,10 +26,44 @@ using cpu::QuantLinearArgs;
 constexpr int64_t kMinParallelBytes = 1 << 14;
 // Output columns handed to a thread are a multiple of this (interleaved layouts: of their groups).
 constexpr int32_t kColumnGrain = 4;
+#if PYENGINE_ISA_X86
+constexpr bool kX86 = true;
+#else
+constexpr bool kX86 = false;
+#endif
 // Rows of x per pass over the weights.
 constexpr int32_t kRowChunk = 32;
 
 void fail(const std::string& msg) { throw std::invalid_argument(msg); }
+
+// x spread for the block-pair kernels (spread_activation_pairs: 8 bytes a value), made by each
+// thread that computes columns of a call, for itself, in a buffer of its own. Why: made once by
+// the calling thread and read by the others, every line of it (16-48 KB a call at the W5 model's
+// widths) crossed from the calling core's cache on each call -- 2-6 us a call at two threads on a
+// Xeon, a third of a small matrix's time -- while x itself (1 byte a value) is cheap to share.
+// A thread's buffer is remade when it first works on a new call; calls are numbered globally, so
+// a thread that serves several callers never takes one call's spread for another's.
+struct SpreadX {
+  static uint64_t next_call() {
+    static std::atomic<uint64_t> calls{0};
+    return calls.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
+  static const uint8_t* of_this_thread(uint64_t call, const uint8_t* xq, int32_t K) {
+    static thread_local uint64_t made_for = 0;
+    static thread_local std::vector<uint8_t> buffer;
+    auto aligned = [] {
+      return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+    };
+    if (made_for != call) {
+      buffer.resize(static_cast<size_t>(cpu::spread_activation_bytes(K) + 64));
+#if PYENGINE_ISA_X86  // (elsewhere the avx512 VNNI namespace holds the portable build, never dispatched to)
+      cpu::isa_avx512_vnni::spread_activation_pairs(xq, K, aligned());
+#endif
+      made_for = call;
+    }
+    return aligned();
+  }
+};
 
 void run_rows(const QuantLinearArgs& a, int32_t n0, int32_t n1, bool vnni) {
   if (vnni) {  // only at avx2 and avx512, on CPUs with their VNNI
@@ -93,18 +128,12 @@ PYENGINE_OMP(parallel num_threads(nt_max))
     PYENGINE_ISA_CALL(quantize_activations, x, ldx, 0, M, K, act, xqp, xrow);
   }
 
-  QuantLinearArgs a{y, ldy, xqp, xrow, static_cast<const uint8_t*>(weight), wrow, type, bias, M, N, K};
-#if PYENGINE_ISA_X86  // (elsewhere the avx512 VNNI namespace holds the portable build, never dispatched to)
+  const QuantLinearArgs a{y, ldy, xqp, xrow, static_cast<const uint8_t*>(weight), wrow, type, bias, M, N, K};
   // One row of x, avx512 with VNNI, Q4_K or Q6_K interleaved: x spread for the kernels that sum two
-  // blocks at once (QuantLinearArgs::xspread); reused across calls as xq is
-  if (M == 1 && vnni && cpu_isa() == CpuIsa::kAvx512 && (type == QuantType::kQ4_Kx8 || type == QuantType::kQ6_Kx8)) {
-    static thread_local std::vector<uint8_t> spread;
-    spread.resize(static_cast<size_t>(cpu::spread_activation_bytes(K) + 64));
-    auto* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(spread.data()) + 63) & ~uintptr_t{63});
-    cpu::isa_avx512_vnni::spread_activation_pairs(xqp, K, aligned);
-    a.xspread = aligned;
-  }
-#endif
+  // blocks at once (QuantLinearArgs::xspread), by each thread for itself (SpreadX)
+  const bool spread = kX86 && M == 1 && vnni && cpu_isa() == CpuIsa::kAvx512 &&
+                      (type == QuantType::kQ4_Kx8 || type == QuantType::kQ6_Kx8);
+  const uint64_t call = spread ? SpreadX::next_call() : 0;
   int nt = nt_max;
   if (static_cast<int64_t>(N) * wrow * std::max<int64_t>(1, M / 8) < kMinParallelBytes) nt = 1;
   // Many rows of x (prefill): a chunk of them at a time, so that the chunk's activation blocks stay
@@ -112,8 +141,10 @@ PYENGINE_OMP(parallel num_threads(nt_max))
   // streaming all of x).
   const int32_t grain = interleaved ? kInterleaveRows : kColumnGrain;
   cpu::split_columns(N, nt, grain, grain * wrow, [&](int32_t n0, int32_t n1) {
+    QuantLinearArgs mine = a;
+    if (spread) mine.xspread = SpreadX::of_this_thread(call, xqp, K);
     for (int32_t m0 = 0; m0 < M; m0 += kRowChunk) {
-      QuantLinearArgs chunk = a;
+      QuantLinearArgs chunk = mine;
       chunk.y = y + m0 * ldy;
       chunk.xq = xqp + m0 * xrow;
       chunk.M = std::min(kRowChunk, M - m0);

@@ -23,13 +23,16 @@ struct QuantLinearArgs {
   const float* bias;  // [N] or null
   int32_t M, N, K;
   // M = 1 in the avx512 VNNI build, Q4_Kx8 / Q6_Kx8: x's 4-byte groups spread for the block-pair
-  // kernels (spread_activation_pairs), else null
+  // kernels (spread_activation_pairs; each thread's own copy, linear_quant.cpp), else null
   const uint8_t* xspread = nullptr;
 };
 
 // spread_activation_pairs' output: per pair of 256-value blocks (a lone last block counts as
-// one), 64 bytes for each of a block's 64 groups of 4.
-constexpr int64_t kSpreadPairBytes = kQKK / 4 * 64;
+// one), 64 bytes for each of a block's 64 groups of 4 (kSpreadGroupBytes), then what the Q4_K
+// pair kernel scales its sums with: per pair of sub-blocks p, the two blocks' sums of x over
+// sub-blocks 2p and 2p + 1 as int16 pairs (64 bytes each), and the blocks' scales d (64 bytes).
+constexpr int64_t kSpreadGroupBytes = kQKK / 4 * 64;
+constexpr int64_t kSpreadPairBytes = kSpreadGroupBytes + 5 * 64;
 static inline int64_t spread_activation_bytes(int64_t K) { return (K / kQKK + 1) / 2 * kSpreadPairBytes; }
 
 // Activation blocks used with weights of `type`: 32 (ActQ8_32) or 256 (ActQ8_256) values each.

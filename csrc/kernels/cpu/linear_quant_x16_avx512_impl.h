@@ -40,9 +40,10 @@ inline __m128i load2x8(const void* p, int64_t gap) {
 inline __m512i x_index(int j) { return _mm512_set_epi32(8 + j, 8 + j, 8 + j, 8 + j, 8 + j, 8 + j, 8 + j, 8 + j,
                                                          j, j, j, j, j, j, j, j); }
 
-// Q4_K and Q6_K: x spread once a call (spread_activation_pairs), each product's activations one
-// load from L1 (a memory operand of vpdpbusd) instead of a shuffle per product in every group of
-// 8 weight rows (1024 x 1024 in L2, one thread: Q6_K 33 -> 24-25 us, Q4_K 17.2 -> 15.5-16.6).
+// Q4_K and Q6_K: x spread once a call by each thread (spread_activation_pairs), each product's
+// activations one load from L1 (a memory operand of vpdpbusd) instead of a shuffle per product in
+// every group of 8 weight rows (1024 x 1024 in L2, one thread: Q6_K 33 -> 24-25 us, Q4_K 17.2 ->
+// 15.5-16.6).
 // `xs`: the pair's spread x; group j's 64 bytes.
 inline __m512i spread_group(const uint8_t* xs, int j) {
   return _mm512_load_si512(reinterpret_cast<const __m512i*>(xs + 64 * j));
@@ -138,6 +139,58 @@ inline void spread_pairs(const uint8_t* xq, int32_t K, uint8_t* out) {
       for (int j = 0; j < 8; ++j)
         _mm512_store_si512(reinterpret_cast<__m512i*>(out + 64 * (8 * c + j)), _mm512_permutexvar_epi32(x_index(j), xs));
     }
+    // (kSpreadPairBytes) lanes 0-7 block b, 8-15 the next (a lone last block: b again)
+    auto* pair_sums = reinterpret_cast<uint32_t*>(out + kSpreadGroupBytes);
+    auto* d = reinterpret_cast<float*>(out + kSpreadGroupBytes + 4 * 64);
+    for (int half = 0; half < 2; ++half) {
+      const ActQ8_256& xb = x[half == 0 || gap == 0 ? b : b + 1];
+      for (int p = 0; p < 4; ++p) {  // the sums over sub-blocks 2p, 2p + 1 (32 values each; |sum| <= 4096)
+        const auto s0 = static_cast<int16_t>(xb.bsums[4 * p] + xb.bsums[4 * p + 1]);
+        const auto s1 = static_cast<int16_t>(xb.bsums[4 * p + 2] + xb.bsums[4 * p + 3]);
+        const uint32_t packed = static_cast<uint16_t>(s0) | static_cast<uint32_t>(static_cast<uint16_t>(s1)) << 16;
+        for (int r = 0; r < kRows8; ++r) pair_sums[16 * p + 8 * half + r] = packed;
+      }
+      for (int r = 0; r < kRows8; ++r) d[8 * half + r] = xb.d;
+    }
     out += kSpreadPairBytes;
   }
+}
+
+// Q4_Kx8 blocks wb (lanes 0-7) and the next (8-15; !two: wb again): per row, the sum over the
+// sub-blocks of min times x's sum over the sub-block (the mins' term), from x's sums as spread.
+inline __m512i q4_k_min_sums2(const BlockQ4_Kx8& wb, const uint8_t* xs, bool two) {
+  const int64_t bgap = two ? sizeof(BlockQ4_Kx8) : 0;
+  __m512i sum = _mm512_setzero_si512();
+  for (int p = 0; p < 4; ++p)  // mins [pair][row][2] as int16 pairs against the sums' int16 pairs
+    sum = _mm512_dpwssd_epi32(sum, _mm512_cvtepu8_epi16(load2x16(wb.mins + 16 * p, bgap)),
+                              spread_group(xs + kSpreadGroupBytes, p));
+  return sum;
+}
+
+// lanes 8-15
+inline __m256 high_half(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+
+// Q4_Kx8, one row of x: blocks two at a time (q4_k_sums2, q4_k_min_sums2, their scales in 512-bit
+// vectors), then added into acc block by block in the 8-lane code's order, with the same
+// products: the same bits as the 8-lane code, in about 20 instructions a pair of blocks instead of
+// 60 for the scaling.
+inline __m256 group_q4_kx8_pairs(const BlockQ4_Kx8* w, int32_t nb, const uint8_t* xspread) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int32_t b = 0; b < nb; b += 2) {
+    const bool two = b + 1 < nb;
+    const int64_t bgap = two ? sizeof(BlockQ4_Kx8) : 0;
+    const uint8_t* xs = xspread + (b / 2) * kSpreadPairBytes;
+    const __m512 sumi = _mm512_cvtepi32_ps(q4_k_sums2(w[b], xs, two));
+    const __m512 mins = _mm512_cvtepi32_ps(q4_k_min_sums2(w[b], xs, two));
+    const __m512 dx = _mm512_load_ps(reinterpret_cast<const float*>(xs + kSpreadGroupBytes + 4 * 64));
+    const __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(load2x16(w[b].d, bgap)), dx);
+    const __m512 dmin = _mm512_mul_ps(_mm512_cvtph_ps(load2x16(w[b].dmin, bgap)), dx);
+    acc = _mm256_fmadd_ps(_mm512_castps512_ps256(sumi), _mm512_castps512_ps256(d), acc);
+    acc = _mm256_fnmadd_ps(_mm512_castps512_ps256(mins), _mm512_castps512_ps256(dmin), acc);
+    if (two) {
+      acc = _mm256_fmadd_ps(high_half(sumi), high_half(d), acc);
+      acc = _mm256_fnmadd_ps(high_half(mins), high_half(dmin), acc);
+    }
+  }
+  return acc;
 }

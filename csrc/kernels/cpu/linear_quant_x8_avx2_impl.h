@@ -229,9 +229,12 @@ void group_k_min_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
 #if PYENGINE_QUANT_VNNI == 2
-  [[maybe_unused]] __m512i pair_sums = _mm512_setzero_si512();  // M = 1: blocks b & ~1 and b | 1
+  if constexpr (!kFifthBits)  // (x is spread for Q4_Kx8 only)
+    if (block_pairs(a, MB)) {  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
+      out[0] = group_q4_kx8_pairs(w, nb, a.xspread);
+      return;
+    }
 #endif
-  const bool pairs = block_pairs(a, MB);
   for (int32_t b = 0; b < nb; ++b) {
     const B& whole = w[b];
     const BlockQ4_Kx8& wb = [&]() -> const BlockQ4_Kx8& {
@@ -239,14 +242,7 @@ void group_k_min_x8(const QuantLinearArgs& a, int32_t m0, int32_t g, __m256* out
     }();
     __m256i sumi[MB];
     for (int m = 0; m < MB; ++m) sumi[m] = _mm256_setzero_si256();
-#if PYENGINE_QUANT_VNNI == 2
-    if constexpr (!kFifthBits)  // (x is spread for Q4_Kx8 only)
-      if (pairs)  // blocks two at a time in 512-bit vectors (linear_quant_x16_avx512_impl.h)
-        sumi[0] = block_pair_sums(b, nb, pair_sums, [&](bool two) {
-          return q4_k_sums2(wb, a.xspread + (b / 2) * kSpreadPairBytes, two);
-        });
-#endif
-    for (int s = 0; s < (pairs ? 0 : 8); ++s) {
+    for (int s = 0; s < 8; ++s) {
       if (MB == 1) prefetch_part(reinterpret_cast<const char*>(&whole) + kPrefetchM1Bytes, sizeof(B), s, 8);
       // the 8 rows' scales of sub-block s, each in both int16 halves of its row's lane
       const __m256i sc = lane_scales_u8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.scales + kRows8 * s)));
