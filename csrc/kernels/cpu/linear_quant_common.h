@@ -29,10 +29,12 @@ struct QuantLinearArgs {
 
 // spread_activation_pairs' output: per pair of 256-value blocks (a lone last block counts as
 // one), 64 bytes for each of a block's 64 groups of 4 (kSpreadGroupBytes), then what the Q4_K
-// pair kernel scales its sums with: per pair of sub-blocks p, the two blocks' sums of x over
-// sub-blocks 2p and 2p + 1 as int16 pairs (64 bytes each), and the blocks' scales d (64 bytes).
+// pair kernel scales its sums with, lanes 0-7 the first block's, 8-15 the second's: per pair p of
+// sub-blocks the sums of x over sub-blocks 2p and 2p + 1 as int16 pairs (at kSpreadSums, 64 bytes
+// each), and x's scales d (at kSpreadD, 64 bytes).
 constexpr int64_t kSpreadGroupBytes = kQKK / 4 * 64;
-constexpr int64_t kSpreadPairBytes = kSpreadGroupBytes + 5 * 64;
+constexpr int64_t kSpreadSums = kSpreadGroupBytes, kSpreadD = kSpreadSums + 4 * 64;
+constexpr int64_t kSpreadPairBytes = kSpreadD + 64;
 static inline int64_t spread_activation_bytes(int64_t K) { return (K / kQKK + 1) / 2 * kSpreadPairBytes; }
 
 // Activation blocks used with weights of `type`: 32 (ActQ8_32) or 256 (ActQ8_256) values each.

@@ -140,8 +140,8 @@ inline void spread_pairs(const uint8_t* xq, int32_t K, uint8_t* out) {
         _mm512_store_si512(reinterpret_cast<__m512i*>(out + 64 * (8 * c + j)), _mm512_permutexvar_epi32(x_index(j), xs));
     }
     // (kSpreadPairBytes) lanes 0-7 block b, 8-15 the next (a lone last block: b again)
-    auto* pair_sums = reinterpret_cast<uint32_t*>(out + kSpreadGroupBytes);
-    auto* d = reinterpret_cast<float*>(out + kSpreadGroupBytes + 4 * 64);
+    auto* pair_sums = reinterpret_cast<uint32_t*>(out + kSpreadSums);
+    auto* d = reinterpret_cast<float*>(out + kSpreadD);
     for (int half = 0; half < 2; ++half) {
       const ActQ8_256& xb = x[half == 0 || gap == 0 ? b : b + 1];
       for (int p = 0; p < 4; ++p) {  // the sums over sub-blocks 2p, 2p + 1 (32 values each; |sum| <= 4096)
@@ -163,7 +163,7 @@ inline __m512i q4_k_min_sums2(const BlockQ4_Kx8& wb, const uint8_t* xs, bool two
   __m512i sum = _mm512_setzero_si512();
   for (int p = 0; p < 4; ++p)  // mins [pair][row][2] as int16 pairs against the sums' int16 pairs
     sum = _mm512_dpwssd_epi32(sum, _mm512_cvtepu8_epi16(load2x16(wb.mins + 16 * p, bgap)),
-                              spread_group(xs + kSpreadGroupBytes, p));
+                              spread_group(xs + kSpreadSums, p));
   return sum;
 }
 
@@ -182,7 +182,7 @@ inline __m256 group_q4_kx8_pairs(const BlockQ4_Kx8* w, int32_t nb, const uint8_t
     const uint8_t* xs = xspread + (b / 2) * kSpreadPairBytes;
     const __m512 sumi = _mm512_cvtepi32_ps(q4_k_sums2(w[b], xs, two));
     const __m512 mins = _mm512_cvtepi32_ps(q4_k_min_sums2(w[b], xs, two));
-    const __m512 dx = _mm512_load_ps(reinterpret_cast<const float*>(xs + kSpreadGroupBytes + 4 * 64));
+    const __m512 dx = _mm512_load_ps(reinterpret_cast<const float*>(xs + kSpreadD));
     const __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(load2x16(w[b].d, bgap)), dx);
     const __m512 dmin = _mm512_mul_ps(_mm512_cvtph_ps(load2x16(w[b].dmin, bgap)), dx);
     acc = _mm256_fmadd_ps(_mm512_castps512_ps256(sumi), _mm512_castps512_ps256(d), acc);
