@@ -38,22 +38,28 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The median time of `calls` calls, the formats' weights made from the same random values.
-double median_call(const Format& f, const Shape& s, int threads, int calls) {
+// One format's weights for one shape, made from the same random values for every format.
+std::vector<uint8_t> make_weights(const Format& f, const Shape& s) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 0.02f);
-  std::vector<float> w(static_cast<size_t>(s.n) * s.k), x(s.k), y(s.n);
+  std::vector<float> w(static_cast<size_t>(s.n) * s.k);
   for (float& v : w) v = normal(rng);
-  for (float& v : x) v = normal(rng);
   const pk::QuantType plain = pk::plain_type(f.type);
   std::vector<uint8_t> rows(static_cast<size_t>(s.n * pk::quant_row_bytes(plain, s.k)));
   std::vector<uint8_t> group(static_cast<size_t>(s.n * pk::quant_row_bytes(f.type, s.k)));
   pk::quantize_rows(plain, w.data(), rows.data(), s.n, s.k, 0);
   pk::interleave_rows(plain, rows.data(), group.data(), s.n, s.k);
+  return group;
+}
+
+// The median time of `calls` calls (after a tenth as many to warm up).
+double median_call(const Format& f, const Shape& s, const std::vector<uint8_t>& weights, int threads, int calls) {
+  std::vector<float> x(s.k), y(s.n);
+  for (int32_t i = 0; i < s.k; ++i) x[i] = static_cast<float>(i % 17 - 8) * 0.01f;
   std::vector<double> times;
-  for (int i = 0; i < calls + calls / 10; ++i) {  // the first tenth: warm-up
+  for (int i = 0; i < calls + calls / 10; ++i) {
     const double t0 = now();
-    pk::linear_quant(y.data(), s.n, x.data(), s.k, 1, group.data(), f.type, s.n, s.k, nullptr, threads);
+    pk::linear_quant(y.data(), s.n, x.data(), s.k, 1, weights.data(), f.type, s.n, s.k, nullptr, threads);
     if (i >= calls / 10) times.push_back(now() - t0);
   }
   std::sort(times.begin(), times.end());
@@ -73,15 +79,19 @@ int main(int argc, char** argv) {
   std::printf("%7s  %11s", "threads", "N x K");
   for (const Format& f : kFormats) std::printf("  %16s", f.name);
   std::printf("\n");
+  constexpr int kNumShapes = sizeof(kShapes) / sizeof(kShapes[0]);
+  constexpr int kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
+  std::vector<uint8_t> weights[kNumShapes][kNumFormats];  // made once, timed at each thread count
+  for (int i = 0; i < kNumShapes; ++i)
+    for (int f = 0; f < kNumFormats; ++f) weights[i][f] = make_weights(kFormats[f], kShapes[i]);
   const int team[2] = {1, threads};
   for (int r = 0; r < (threads == 1 ? 1 : 2); ++r)
-    for (const Shape& s : kShapes) {
-      std::printf("%7d  %5d x %4d", team[r], s.n, s.k);
-      double first = 0;
-      for (const Format& f : kFormats) {
-        const double t = median_call(f, s, team[r], calls);
-        if (first == 0) first = t;
-        std::printf("  %7.2f (%5.2fx)", t * 1e6, t / first);
+    for (int i = 0; i < kNumShapes; ++i) {
+      std::printf("%7d  %5d x %4d", team[r], kShapes[i].n, kShapes[i].k);
+      double times[kNumFormats];
+      for (int f = 0; f < kNumFormats; ++f) {
+        times[f] = median_call(kFormats[f], kShapes[i], weights[i][f], team[r], calls);
+        std::printf("  %7.2f (%5.2fx)", times[f] * 1e6, times[f] / times[0]);
       }
       std::printf("\n");
     }

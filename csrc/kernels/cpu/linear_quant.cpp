@@ -26,11 +26,6 @@ using cpu::QuantLinearArgs;
 constexpr int64_t kMinParallelBytes = 1 << 14;
 // Output columns handed to a thread are a multiple of this (interleaved layouts: of their groups).
 constexpr int32_t kColumnGrain = 4;
-#if PYENGINE_ISA_X86
-constexpr bool kX86 = true;
-#else
-constexpr bool kX86 = false;
-#endif
 // Rows of x per pass over the weights.
 constexpr int32_t kRowChunk = 32;
 
@@ -56,7 +51,7 @@ struct SpreadX {
     };
     if (made_for != call) {
       buffer.resize(static_cast<size_t>(cpu::spread_activation_bytes(K) + 64));
-#if PYENGINE_ISA_X86  // (elsewhere the avx512 VNNI namespace holds the portable build, never dispatched to)
+#if PYENGINE_ISA_X86  // (the avx512 level exists on x86 alone; elsewhere that namespace holds the portable build)
       cpu::isa_avx512_vnni::spread_activation_pairs(xq, K, aligned());
 #endif
       made_for = call;
@@ -131,7 +126,7 @@ PYENGINE_OMP(parallel num_threads(nt_max))
   const QuantLinearArgs a{y, ldy, xqp, xrow, static_cast<const uint8_t*>(weight), wrow, type, bias, M, N, K};
   // One row of x, avx512 with VNNI, Q4_K or Q6_K interleaved: x spread for the kernels that sum two
   // blocks at once (QuantLinearArgs::xspread), by each thread for itself (SpreadX)
-  const bool spread = kX86 && M == 1 && vnni && cpu_isa() == CpuIsa::kAvx512 &&
+  const bool spread = M == 1 && vnni && cpu_isa() == CpuIsa::kAvx512 &&
                       (type == QuantType::kQ4_Kx8 || type == QuantType::kQ6_Kx8);
   const uint64_t call = spread ? SpreadX::next_call() : 0;
   int nt = nt_max;
