@@ -341,6 +341,10 @@ def test_interleaving_keeps_every_value(fmt):
     assert torch.equal(x8.dequantize(), q.dequantize())
     ids = torch.tensor([[23, 0], [9, 16]])
     assert torch.equal(x8.embedding(ids), q.dequantize()[ids])
+    # a decode step's int32 ids (one C++ call, no int64 copy): the same rows, plain or interleaved
+    ids32 = torch.tensor([23, 0, 9, 16, 9], dtype=torch.int32)
+    assert torch.equal(x8.embedding(ids32), q.dequantize()[ids32.long()])
+    assert torch.equal(q.embedding(ids32), q.dequantize()[ids32.long()])
     assert x8.interleaved() is x8 and q.plain() is q
 
 
@@ -411,8 +415,14 @@ def test_quantized_linear_rejects_bad_input():
     with pytest.raises(ValueError, match=r"ids\[1\]: 8 is out of range \[0, 8\)"):
         _core._dequantize_gather(2, q.parts[0][1].data_ptr(), 8, 256, ids.data_ptr(), 2, out.data_ptr())
     assert bool((out == 7.0).all())  # nothing written
+    ids32 = ids.to(torch.int32)
+    with pytest.raises(ValueError, match=r"ids\[1\]: 8 is out of range \[0, 8\)"):
+        _core._dequantize_gather_i32(2, q.parts[0][1].data_ptr(), 8, 256, ids32.data_ptr(), 2, out.data_ptr())
+    assert bool((out == 7.0).all())
     with pytest.raises(ValueError, match=r"ids\[1\]: -1 is out of range \[0, 8\)"):
         q.embedding(torch.tensor([3, -1]))
+    with pytest.raises(ValueError, match=r"ids\[2\]: 9 is out of range \[0, 8\)"):
+        q.interleaved().embedding(torch.tensor([3, 7, 9], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"ids\[0\]: 16 is out of range \[0, 16\)"):
         QuantizedWeight.cat([q, q]).embedding(torch.tensor([16]))
 

@@ -24,6 +24,9 @@ cdef extern from "pyengine/cpu_quant.h" namespace "pyengine::kernels" nogil:
                          int64_t K) except +
     void dequantize_gather(QuantType type, const void* src, int64_t num_rows, int64_t K,
                            const int64_t* ids, int64_t count, float* dst) except +
+    void dequantize_gather_i32 "dequantize_gather"(
+        QuantType type, const void* src, int64_t num_rows, int64_t K, const int32_t* ids, int64_t count,
+        float* dst) except +
     void quantize_activation_blocks(const float* x, int64_t ldx, int32_t M, int32_t K, int32_t block,
                                     void* out) except +
     void linear_quant(float* y, int64_t ldy, const float* x, int64_t ldx, int32_t M,
@@ -76,6 +79,13 @@ def _dequantize_gather(int32_t type_id, uintptr_t src, int64_t num_rows, int64_t
     with nogil:
         dequantize_gather(<QuantType>type_id, <const void*>src, num_rows, K, <const int64_t*>ids,
                           count, <float*>dst)
+
+
+def _dequantize_gather_i32(int32_t type_id, uintptr_t src, int64_t num_rows, int64_t K, uintptr_t ids,
+                           int64_t count, uintptr_t dst):
+    with nogil:
+        dequantize_gather_i32(<QuantType>type_id, <const void*>src, num_rows, K, <const int32_t*>ids,
+                              count, <float*>dst)
 
 
 def _quantize_activation_blocks(uintptr_t x, int64_t ldx, int32_t M, int32_t K, int32_t block, uintptr_t out):

@@ -383,7 +383,8 @@ class LlamaFamilyModel:
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed, QuantizedWeight):  # (fp32 rows; a GPU model may compute in 16 bits)
-            return self.embed.embedding(input_ids).to(self.dtype)
+            h = self.embed.embedding(input_ids)
+            return h if h.dtype == self.dtype else h.to(self.dtype)
         return F.embedding(input_ids, self.embed)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

@@ -113,6 +113,9 @@ void dequantize_rows(QuantType type, const void* src, float* dst, int64_t rows, 
 // dst[i, :] = the fp32 values of row ids[i] (0 <= ids[i] < num_rows): an embedding lookup.
 void dequantize_gather(QuantType type, const void* src, int64_t num_rows, int64_t K,
                        const int64_t* ids, int64_t count, float* dst);
+// The same with int32 ids (a token id tensor as the engine holds it).
+void dequantize_gather(QuantType type, const void* src, int64_t num_rows, int64_t K,
+                       const int32_t* ids, int64_t count, float* dst);
 
 // The activation blocks linear_quant multiplies a weight block of `block` (32 or 256) weights
 // with: M rows of K fp32 values (rows ldx apart) into `out`, row after row, per block d = max|x|

@@ -509,13 +509,17 @@ void dequantize_rows(QuantType type, const void* src, float* dst, int64_t rows, 
     dequantize_row(type, static_cast<const uint8_t*>(src) + r * row_bytes, dst + r * K, nb);
 }
 
-void dequantize_gather(QuantType type, const void* src, int64_t num_rows, int64_t K,
-                       const int64_t* ids, int64_t count, float* dst) {
+namespace {
+
+// dequantize_gather for either id type: every id checked before anything is written.
+template <typename Id>
+void gather_rows(QuantType type, const void* src, int64_t num_rows, int64_t K, const Id* ids, int64_t count,
+                 float* dst) {
   const int64_t row_bytes = quant_row_bytes(type, K);
   if (count < 0) fail("count: must be >= 0, got " + std::to_string(count));
   if (count > 0 && (src == nullptr || dst == nullptr || ids == nullptr))
     fail("src/ids/dst: must not be null");
-  for (int64_t i = 0; i < count; ++i)  // every id checked before anything is written
+  for (int64_t i = 0; i < count; ++i)
     if (ids[i] < 0 || ids[i] >= num_rows)
       fail("ids[" + std::to_string(i) + "]: " + std::to_string(ids[i]) + " is out of range [0, " +
            std::to_string(num_rows) + ")");
@@ -523,14 +527,29 @@ void dequantize_gather(QuantType type, const void* src, int64_t num_rows, int64_
   if (plain_type(type) != type) {
     if (num_rows % kRows8 != 0)
       fail("num_rows: must be a multiple of 8 in an interleaved layout, got " + std::to_string(num_rows));
-    std::vector<uint8_t> scratch;
-    for (int64_t i = 0; i < count; ++i)
-      dequantize_group(type, static_cast<const uint8_t*>(src) + ids[i] / kRows8 * kRows8 * row_bytes,
-                       static_cast<int>(ids[i] % kRows8), 1, dst + i * K, K, scratch);
+    // (kept: a decode step looks up a row or a few, and an allocation a call was most of that)
+    thread_local std::vector<uint8_t> scratch;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t id = ids[i];
+      dequantize_group(type, static_cast<const uint8_t*>(src) + id / kRows8 * kRows8 * row_bytes,
+                       static_cast<int>(id % kRows8), 1, dst + i * K, K, scratch);
+    }
     return;
   }
   for (int64_t i = 0; i < count; ++i)
-    dequantize_row(type, static_cast<const uint8_t*>(src) + ids[i] * row_bytes, dst + i * K, nb);
+    dequantize_row(type, static_cast<const uint8_t*>(src) + static_cast<int64_t>(ids[i]) * row_bytes, dst + i * K, nb);
+}
+
+}  // namespace
+
+void dequantize_gather(QuantType type, const void* src, int64_t num_rows, int64_t K,
+                       const int64_t* ids, int64_t count, float* dst) {
+  gather_rows(type, src, num_rows, K, ids, count, dst);
+}
+
+void dequantize_gather(QuantType type, const void* src, int64_t num_rows, int64_t K,
+                       const int32_t* ids, int64_t count, float* dst) {
+  gather_rows(type, src, num_rows, K, ids, count, dst);
 }
 
 }  // namespace pyengine::kernels
