@@ -207,20 +207,16 @@ class QuantizedWeight:
         out of range."""
         if self.device.type == "cuda":
             return self._embedding_cuda(ids)
-        if len(self.parts) == 1 and ids.dtype == torch.int32 and ids.dim() == 1 and ids.is_contiguous():
-            # a decode step's token ids as the engine holds them: two calls instead of six (each
-            # costs tens of us there, with the caches cold from the weights' stream)
-            fmt, data = self.parts[0]
-            out = torch.empty((ids.shape[0], self.k), dtype=torch.float32)
-            _core._dequantize_gather_i32(fmt.type_id, data.data_ptr(), data.shape[0], self.k, ids.data_ptr(),
-                                         ids.shape[0], out.data_ptr())
-            return out
-        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        # int32 ids (a decode step's, as the engine holds them) go to the C++ gather as they are: the
+        # int64 copy and reshapes cost tens of us there, with the caches cold from the weights' stream
+        as_int32 = len(self.parts) == 1 and ids.dtype == torch.int32 and ids.is_contiguous()
+        flat = ids if as_int32 else ids.reshape(-1).to(torch.int64).contiguous()
         out = torch.empty((flat.numel(), self.k), dtype=torch.float32)
         if len(self.parts) == 1:
             fmt, data = self.parts[0]
-            _core._dequantize_gather(fmt.type_id, data.data_ptr(), data.shape[0], self.k, flat.data_ptr(),
-                                     flat.numel(), out.data_ptr())
+            gather = _core._dequantize_gather_i32 if as_int32 else _core._dequantize_gather
+            gather(fmt.type_id, data.data_ptr(), data.shape[0], self.k, flat.data_ptr(), flat.numel(),
+                   out.data_ptr())
         else:
             bad = ((flat < 0) | (flat >= self.n)).nonzero().flatten()
             if bad.numel():
@@ -234,7 +230,7 @@ class QuantizedWeight:
                     _core._dequantize_gather(fmt.type_id, data.data_ptr(), rows, self.k, local.data_ptr(),
                                              local.numel(), part.data_ptr())
                     out[sel] = part
-        return out.reshape(*ids.shape, self.k)
+        return out if ids.dim() == 1 else out.reshape(*ids.shape, self.k)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                out: torch.Tensor | None = None) -> torch.Tensor:
